@@ -1,0 +1,1 @@
+"""Transports (CopyServices): the base contract and discovery by name."""
