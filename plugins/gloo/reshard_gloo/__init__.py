@@ -1,0 +1,1 @@
+"""reshard-gloo plugin."""

@@ -1,0 +1,1 @@
+"""reshard-mxfp8 plugin."""

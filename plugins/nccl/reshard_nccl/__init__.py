@@ -1,0 +1,1 @@
+"""reshard-nccl plugin."""

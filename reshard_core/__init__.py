@@ -1,0 +1,55 @@
+"""reshard: move model weights between parallel layouts, exactly and fast.
+
+The public names below are imported lazily, so ``import reshard_core`` stays cheap and never pulls
+a transport or a framework it does not need.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+PLUGIN_API_VERSION = 1
+"""The plugin API this core provides. Plugins declare ``RESHARD_PLUGIN_API`` in their hook module."""
+
+_EXPORTS = {
+    # data model
+    "Replicate": "layout",
+    "Shard": "layout",
+    "Mesh": "layout",
+    "Layout": "layout",
+    "Box": "layout",
+    "TensorMeta": "specs",
+    "TensorSpec": "specs",
+    "TransferOp": "plan.ops",
+    "OpKind": "plan.ops",
+    "RankPlan": "plan.ops",
+    # errors
+    "ReshardError": "errors",
+    "PlanError": "errors",
+    "TransportError": "errors",
+    "PluginError": "errors",
+    # extension points
+    "CopyService": "transport.copy_service",
+    "ReshardTransform": "transform",
+    "hookimpl": "hookspecs",
+    # extraction
+    "declare_layout": "extract.plain",
+    # refit API
+    "refit": "api",
+    "prepare": "api",
+    "clear_caches": "api",
+    "RefitReport": "api",
+}
+
+__all__ = ["PLUGIN_API_VERSION", "__version__", *_EXPORTS]
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'reshard_core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
