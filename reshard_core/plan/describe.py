@@ -1,0 +1,39 @@
+"""Short, stable text for error messages: rank lists, tensor metas and regions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..specs import TensorMeta
+
+_MAX_RUNS = 8
+
+
+def format_ranks(ranks: Iterable[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"[0-2, 5]"``; long lists are cut after a few runs with a total count."""
+    ordered = sorted(set(ranks))
+    runs: list[tuple[int, int]] = []
+    for r in ordered:
+        if runs and runs[-1][1] == r - 1:
+            runs[-1] = (runs[-1][0], r)
+        else:
+            runs.append((r, r))
+    text = [f"{a}" if a == b else (f"{a}, {b}" if b == a + 1 else f"{a}-{b}") for a, b in runs[:_MAX_RUNS]]
+    if len(runs) > _MAX_RUNS:
+        text.append(f"… ({len(ordered)} ranks)")
+    return "[" + ", ".join(text) + "]"
+
+
+def format_meta(meta: TensorMeta) -> str:
+    """``shape (4, 8) torch.bfloat16`` style."""
+    return f"shape {tuple(meta.shape)} {str(meta.dtype).removeprefix('torch.')}"
+
+
+def dim_word(dim: int) -> str:
+    """What an index range along ``dim`` is called in messages."""
+    return {0: "rows", 1: "columns"}.get(dim, f"dim {dim} indices")
+
+
+def format_region(offsets: tuple[int, ...], sizes: tuple[int, ...]) -> str:
+    """A box as ``[0:4, 8:16]`` (half-open per dim)."""
+    return "[" + ", ".join(f"{o}:{o + s}" for o, s in zip(offsets, sizes, strict=True)) + "]"
