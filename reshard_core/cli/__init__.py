@@ -1,0 +1,1 @@
+"""The ``reshard`` command line (typer + rich). Entry point: ``reshard_core.cli.main:main``."""

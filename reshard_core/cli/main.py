@@ -1,0 +1,75 @@
+"""The ``reshard`` command: builds the typer app from the core commands, optional command modules
+and plugins' ``reshard_register_commands`` hooks, and turns ``ReshardError`` into one line on stderr.
+
+Exit codes: 0 ok, 1 failure, 2 usage error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import typer
+
+from ..errors import PluginError, ReshardError
+from ..plugins import get_plugin_manager, import_if_present, strict_mode
+from . import doctor_cmd, plugins_cmd
+from .output import EXIT_FAILURE, print_error, print_warning
+
+OPTIONAL_COMMAND_MODULES = (
+    "reshard_core.cli.plan_cmd",
+    "reshard_core.cli.demo_cmd",
+    "reshard_core.cli.bench_cmd",
+)
+"""Command modules added as they are written; each exposes ``register(app: typer.Typer) -> None``."""
+
+
+def register_plugin_commands(app: typer.Typer) -> None:
+    """Call every plugin's ``reshard_register_commands(app=app)``.
+
+    Each implementation is called on its own, so one failing plugin only loses its own commands
+    (a warning on stderr); in strict mode the failure raises ``PluginError``.
+    """
+    caller = get_plugin_manager().hook.reshard_register_commands
+    for impl in reversed(caller.get_hookimpls()):
+        try:
+            impl.function(**{arg: app for arg in impl.argnames})
+        except Exception as exc:
+            message = (
+                f"plugin '{impl.plugin_name}' failed to register its commands: {type(exc).__name__}: {exc}"
+            )
+            if strict_mode():
+                raise PluginError(message) from exc
+            print_warning(message)
+
+
+def build_app() -> typer.Typer:
+    """The root ``reshard`` app with every command available in this installation."""
+    app = typer.Typer(
+        name="reshard",
+        help="Move model weights between parallel layouts, exactly and fast.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+    plugins_cmd.register(app)
+    doctor_cmd.register(app)
+    for module_name in OPTIONAL_COMMAND_MODULES:
+        module = import_if_present(module_name)
+        if module is not None:
+            module.register(app)
+    register_plugin_commands(app)
+    return app
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the CLI on ``argv`` (default: ``sys.argv[1:]``); always ends in ``SystemExit``."""
+    try:
+        app = build_app()
+        app(args=list(argv) if argv is not None else None, prog_name="reshard")
+    except ReshardError as exc:
+        print_error(exc)
+        raise SystemExit(EXIT_FAILURE) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""Shared CLI output helpers: exit codes, one-line errors on stderr, plain JSON on stdout."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+
+def one_line(text: str) -> str:
+    """``text`` with every run of whitespace (newlines included) collapsed to one space."""
+    return " ".join(text.split())
+
+
+def error_message(exc: BaseException) -> str:
+    """``error: <message>`` on one line; the exception type stands in for an empty message."""
+    return f"error: {one_line(str(exc)) or type(exc).__name__}"
+
+
+def print_error(exc: BaseException) -> None:
+    """Write ``error_message(exc)`` to stderr."""
+    sys.stderr.write(error_message(exc) + "\n")
+    sys.stderr.flush()
+
+
+def print_warning(text: str) -> None:
+    """Write ``warning: <text>`` on one line to stderr."""
+    sys.stderr.write(f"warning: {one_line(text)}\n")
+    sys.stderr.flush()
+
+
+def print_json(data: Any) -> None:
+    """Write ``data`` to stdout as indented JSON with sorted keys, and nothing else."""
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+def console() -> Console:
+    """A rich console on the current ``sys.stdout`` (made per call so captured output works)."""
+    return Console(file=sys.stdout)
