@@ -1,0 +1,128 @@
+"""Walk a model's parameters and persistent buffers and ask the extractor hooks for their specs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from ..specs import TensorSpec
+from .context import ExtractContext, ExtractError
+
+# Root wrappers whose ``.module`` is the real model (torch DDP, Megatron DDP / Float16Module).
+_ROOT_WRAPPERS = frozenset({"DistributedDataParallel", "Float16Module", "FP8Module", "FP4Module"})
+
+
+def extract_specs(
+    model: torch.nn.Module | list[torch.nn.Module] | None,
+    side: str,
+    *,
+    group: Any = None,
+    context: ExtractContext | None = None,
+) -> list[TensorSpec]:
+    """This rank's specs for every parameter and persistent buffer of ``model``.
+
+    ``model`` may be None (this rank holds nothing on this side) or a list of modules (e.g.
+    Megatron virtual-pipeline chunks). ``side`` is ``"src"`` or ``"dst"``. ``group`` is the group
+    plain, undeclared tensors are replicated over (default: the world). Tensors shared under
+    several names are reported once (first name). Raises ``ExtractError`` when no extractor claims
+    a tensor, an extractor returns something other than specs, a spec's local tensor does not
+    match its layout on this rank, or two tensors resolve to one canonical name.
+    """
+    if side not in ("src", "dst"):
+        raise ExtractError(f"side must be 'src' or 'dst', got {side!r}")
+    ctx = context or ExtractContext.create(group)
+    hook = _plugin_manager().hook.reshard_extract_tensor
+    specs: list[TensorSpec] = []
+    origin: dict[str, str] = {}
+    for root in _roots(model):
+        for qualname, tensor, owner in iter_tensors(root):
+            found = hook(qualname=qualname, tensor=tensor, owner=owner, model=root, side=side, context=ctx)
+            if found is None:
+                raise ExtractError(
+                    f"no extractor claimed {side} tensor '{qualname}' of type {type(tensor).__name__}; "
+                    f"install a plugin for it or declare its layout with reshard_core.declare_layout"
+                )
+            for spec in _checked(found, qualname, ctx):
+                if spec.meta.name in origin:
+                    raise ExtractError(
+                        f"tensors '{origin[spec.meta.name]}' and '{qualname}' both resolve to "
+                        f"canonical name '{spec.meta.name}'"
+                    )
+                origin[spec.meta.name] = qualname
+                specs.append(spec)
+    return specs
+
+
+def iter_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor, torch.nn.Module]]:
+    """``(qualname, tensor, owning module)`` for parameters, then persistent buffers, deduplicated."""
+    seen: set[int] = set()
+    modules = list(model.named_modules())
+    for kind in ("_parameters", "_buffers"):
+        for prefix, module in modules:
+            skip = module._non_persistent_buffers_set if kind == "_buffers" else ()
+            for leaf, tensor in getattr(module, kind).items():
+                if tensor is None or leaf in skip or id(tensor) in seen:
+                    continue
+                seen.add(id(tensor))
+                yield (f"{prefix}.{leaf}" if prefix else leaf), tensor, module
+
+
+def _roots(model) -> list[torch.nn.Module]:
+    if model is None:
+        return []
+    models = list(model) if isinstance(model, (list, tuple)) else [model]
+    roots = []
+    for m in models:
+        while type(m).__name__ in _ROOT_WRAPPERS and isinstance(getattr(m, "module", None), torch.nn.Module):
+            m = m.module
+        if not isinstance(m, torch.nn.Module):
+            raise ExtractError(f"expected a torch.nn.Module, got {type(m).__name__}")
+        roots.append(m)
+    return roots
+
+
+def _checked(found: Any, qualname: str, ctx: ExtractContext) -> list[TensorSpec]:
+    if not isinstance(found, list) or not all(isinstance(s, TensorSpec) for s in found):
+        raise ExtractError(
+            f"an extractor returned {type(found).__name__} for '{qualname}', not a list of TensorSpec"
+        )
+    for spec in found:
+        expected = spec.layout.local_shape(spec.meta.shape, ctx.rank)
+        if expected is None:
+            raise ExtractError(
+                f"tensor '{spec.meta.name}': rank {ctx.rank} is not in the mesh "
+                f"{spec.layout.mesh.ranks} of its layout"
+            )
+        if spec.tensor is not None and tuple(spec.tensor.shape) != expected:
+            raise ExtractError(
+                f"tensor '{spec.meta.name}': local shape {tuple(spec.tensor.shape)} on rank {ctx.rank} "
+                f"differs from {expected} given by its layout"
+            )
+    return found
+
+
+_LOCAL_PM = None
+
+
+def _plugin_manager():
+    """The project's plugin manager; until ``reshard_core.plugins`` exists, a local one."""
+    import importlib.util
+
+    if importlib.util.find_spec("reshard_core.plugins") is not None:
+        from ..plugins import get_plugin_manager
+
+        return get_plugin_manager()
+    global _LOCAL_PM
+    if _LOCAL_PM is None:
+        import pluggy
+
+        from .. import hookspecs
+        from . import builtin
+
+        pm = pluggy.PluginManager("reshard")
+        pm.add_hookspecs(hookspecs)
+        pm.register(builtin, name="reshard_core.extract.builtin")
+        _LOCAL_PM = pm
+    return _LOCAL_PM
