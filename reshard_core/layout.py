@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from itertools import product
-from typing import Union
 
 Interval = tuple[int, int]
 """A half-open global index range ``[start, stop)`` along one tensor dim."""
@@ -58,7 +57,7 @@ class Shard:
         return f"Shard({self.dim}{extra})"
 
 
-Placement = Union[Replicate, Shard]
+Placement = Replicate | Shard
 
 
 def chunk_bounds(length: int, pieces: int, index: int) -> Interval:
@@ -81,7 +80,7 @@ class Mesh:
             raise ValueError(f"mesh ranks repeat: {self.ranks}")
 
     @classmethod
-    def of(cls, ranks, shape=None) -> "Mesh":
+    def of(cls, ranks, shape=None) -> Mesh:
         ranks = tuple(int(r) for r in ranks)
         return cls(ranks, tuple(shape) if shape is not None else (len(ranks),))
 
@@ -99,7 +98,7 @@ class Mesh:
 
     def rank_at(self, coord: tuple[int, ...]) -> int:
         flat = 0
-        for c, size in zip(coord, self.shape):
+        for c, size in zip(coord, self.shape, strict=True):
             flat = flat * size + c
         return self.ranks[flat]
 
@@ -121,8 +120,11 @@ class Box:
         return math.prod(self.sizes)
 
 
-def _take(intervals: tuple[Interval, ...], start: int, stop: int) -> list[Interval]:
-    """Global intervals behind local positions ``[start, stop)`` of a concatenation of intervals."""
+def take_intervals(intervals: tuple[Interval, ...], start: int, stop: int) -> list[Interval]:
+    """Global intervals behind local positions ``[start, stop)`` of a concatenation of intervals.
+
+    ``intervals`` is one dim of a rank's holding (``Layout.dim_intervals``), in local order.
+    """
     out: list[Interval] = []
     pos = 0
     for a, b in intervals:
@@ -152,7 +154,7 @@ def _cut(intervals: tuple[Interval, ...], shard: Shard, world: int, index: int) 
             pieces.append(chunk_bounds(length, world * shard.stride, index + k * world))
     out: list[Interval] = []
     for a, b in pieces:
-        for iv in _take(intervals, a, b):
+        for iv in take_intervals(intervals, a, b):
             if out and out[-1][1] == iv[0]:  # merge adjacent pieces so boxes stay few
                 out[-1] = (out[-1][0], iv[1])
             else:
@@ -174,10 +176,12 @@ class Layout:
             )
 
     @classmethod
-    def replicated(cls, ranks) -> "Layout":
+    def replicated(cls, ranks) -> Layout:
         return cls(Mesh.of(ranks), (Replicate(),))
 
-    def dim_intervals_at(self, shape: tuple[int, ...], coord: tuple[int, ...]) -> tuple[tuple[Interval, ...], ...]:
+    def dim_intervals_at(
+        self, shape: tuple[int, ...], coord: tuple[int, ...]
+    ) -> tuple[tuple[Interval, ...], ...]:
         """Per tensor dim, the global intervals the rank at ``coord`` holds, in local order."""
         dims: list[tuple[Interval, ...]] = [((0, n),) for n in shape]
         for mesh_dim, placement in enumerate(self.placements):

@@ -37,3 +37,9 @@ def dim_word(dim: int) -> str:
 def format_region(offsets: tuple[int, ...], sizes: tuple[int, ...]) -> str:
     """A box as ``[0:4, 8:16]`` (half-open per dim)."""
     return "[" + ", ".join(f"{o}:{o + s}" for o, s in zip(offsets, sizes, strict=True)) + "]"
+
+
+def format_layout(layout) -> str:
+    """A layout without listing every rank: ``mesh (2, 4) on ranks [0-7] (Shard(0), Replicate())``."""
+    placements = ", ".join(repr(p) for p in layout.placements)
+    return f"mesh {tuple(layout.mesh.shape)} on ranks {format_ranks(layout.mesh.ranks)} ({placements})"

@@ -19,10 +19,12 @@ class OpKind(enum.Enum):
 class TransferOp:
     """One rectangular region of one logical tensor moving from one rank to another (or itself).
 
-    ``offsets``/``sizes`` are global coordinates. ``src_local`` is where the region starts inside
-    the source rank's local tensor (set for SEND and LOCAL), ``dst_local`` inside the destination
-    rank's local tensor (set for RECV and LOCAL). ``peer`` is the other rank (this rank for LOCAL).
-    ``batch`` is the execution batch; sender and receiver always agree on it.
+    ``sizes`` is the region's extent, ``src_local`` where it starts inside the source rank's local
+    tensor and ``dst_local`` inside the destination rank's (the built-in planner sets both on every
+    op, so either end can check the other's view). ``offsets`` is the region's global start. Tiles
+    that are adjacent in both local tensors are merged into one op even when they are not adjacent
+    globally (strided layouts); ``offsets`` then locates the first tile. ``peer`` is the other rank
+    (this rank for LOCAL). ``batch`` is the execution batch; sender and receiver always agree on it.
     """
 
     kind: OpKind
@@ -51,6 +53,9 @@ class RankPlan:
     ops: tuple[TransferOp, ...]
     tensors: dict[str, TensorMeta] = field(compare=False)
     num_batches: int = 1
+    source_names: dict[str, str] = field(default_factory=dict, compare=False)
+    """Destination name -> source tensor name where they differ (explicit tied-embedding fallback):
+    a sender reads ``source_names.get(op.name, op.name)``."""
 
     def bytes_of(self, op: TransferOp) -> int:
-        return op.numel * self.tensors[op.name].itemsize
+        return op.numel * self.tensors[op.name].dtype.itemsize

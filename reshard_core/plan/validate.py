@@ -1,0 +1,214 @@
+"""Validation of a layout table before any data moves (DESIGN contract 2: no silent loss).
+
+``validate_table(table, ignore=..., tied=...)`` returns the *effective* table the planner uses, or
+raises one ``PlanError`` naming the tensor, the ranks and the region of the first problem (in
+canonical order):
+
+1. a name on one side only (either side);
+2. source and destination disagree on global shape or dtype;
+3. a layout whose mesh/placements do not fit the shape;
+4. a rank inside two layouts of one side (on the destination: an element written twice);
+5. a layout whose shards overlap along a dim (double coverage), or source layouts that leave
+   elements unheld (holes: destination elements no source rank holds).
+
+Checks work on per-dim interval lists of each distinct (layout, shape), never on ranks × elements.
+
+Opt-outs, both explicit:
+
+- ``ignore``: ``fnmatch`` patterns; a matching tensor is dropped from both sides (never moved).
+- ``tied``: ``{destination name: source name}``, or ``True`` for Megatron's
+  ``{"output_layer.weight": "embedding.word_embeddings.weight"}``. Used only when the destination
+  name has no source at all: its source data is then the named source tensor (shape and dtype must
+  agree). A source-only ``output_layer.weight`` (source unties, destination ties) is not a tie:
+  ignore it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from ..errors import PlanError
+from .context import context_for
+from .describe import dim_word, format_layout, format_meta, format_ranks, format_region
+from .index import LayoutDims, Segments
+from .table import LayoutTable, TableEntry
+
+MEGATRON_TIED = {"output_layer.weight": "embedding.word_embeddings.weight"}
+"""The tie Megatron-Core applies when ``share_embeddings_and_output_weights`` is set."""
+
+Tied = Mapping[str, str] | bool | None
+
+
+def normalize_options(ignore: Sequence[str] = (), tied: Tied = None) -> tuple[tuple[str, ...], tuple]:
+    """Hashable, canonical forms of the ``ignore`` and ``tied`` options (used in cache keys)."""
+    if isinstance(ignore, str):
+        ignore = (ignore,)
+    ties = MEGATRON_TIED if tied is True else (tied or {})
+    return tuple(sorted(set(ignore))), tuple(sorted(ties.items()))
+
+
+def validate_table(table: LayoutTable, ignore: Sequence[str] = (), tied: Tied = None) -> LayoutTable:
+    """The effective table (ignored names dropped, ties applied), after every check passed."""
+    key = ("validated", *normalize_options(ignore, tied))
+    found = table.cache.get(key)
+    if found is None:
+        effective = _apply_options(table, key[1], dict(key[2]))
+        _check(effective)
+        found = table.cache[key] = effective
+    return found
+
+
+def _apply_options(table: LayoutTable, ignore: tuple[str, ...], ties: dict[str, str]) -> LayoutTable:
+    entries = [e for e in table.entries if not any(fnmatch.fnmatchcase(e.name, p) for p in ignore)]
+    changed = len(entries) != len(table.entries)
+    for n, e in enumerate(entries):
+        if e.src or not e.dst or e.name not in ties:
+            continue
+        origin = table.get(ties[e.name])
+        if origin is None or not origin.src:
+            raise PlanError(
+                f"{e.name}: on the destination only (ranks {format_ranks(_ranks(e.dst))}) and its tied "
+                f"source {ties[e.name]} is not on the source side either"
+            )
+        src_meta = origin.source_meta
+        entries[n] = replace(
+            e, src=origin.src, src_meta=None if src_meta == e.meta else src_meta, src_name=origin.name
+        )
+        changed = True
+    return LayoutTable(tuple(entries)) if changed else table
+
+
+def _ranks(layouts) -> list[int]:
+    return [r for lay in layouts for r in lay.mesh.ranks]
+
+
+def _check(table: LayoutTable) -> None:
+    index = context_for(table).index
+    for e in table.entries:
+        _check_sides(e)
+        dims = {}
+        for side in ("src", "dst"):
+            dims[side] = [_layout_dims(index, e, side, lay) for lay in e.layouts(side)]
+        for side in ("src", "dst"):
+            _check_disjoint_meshes(e, side, dims[side])
+            for ld in dims[side]:
+                _check_tiling(e, side, ld)
+        _check_holes(e, dims["src"], dims["dst"])
+
+
+def _check_sides(e: TableEntry) -> None:
+    if not e.dst:
+        raise PlanError(
+            f"{e.name}: on the source only (ranks {format_ranks(_ranks(e.src))}), no destination "
+            f"holds it; pass ignore=[{e.name!r}] to leave it out"
+        )
+    if not e.src:
+        raise PlanError(
+            f"{e.name}: on the destination only (ranks {format_ranks(_ranks(e.dst))}), no source holds "
+            f"it; pass ignore=[{e.name!r}] to leave it out, or tied= to feed it from another tensor"
+        )
+    if e.src_meta is not None:
+        raise PlanError(
+            f"{e.name}: source {format_meta(e.src_meta)} on ranks {format_ranks(_ranks(e.src))} but "
+            f"destination {format_meta(e.meta)} on ranks {format_ranks(_ranks(e.dst))}"
+        )
+
+
+def _layout_dims(index, e: TableEntry, side: str, layout) -> LayoutDims:
+    try:
+        return index.layout_dims(layout, tuple(e.meta.shape))
+    except (ValueError, IndexError) as err:
+        raise PlanError(
+            f"{e.name}: {_side_word(side)} layout {format_layout(layout)} does not fit "
+            f"shape {tuple(e.meta.shape)}: {err} (ranks {format_ranks(layout.mesh.ranks)})"
+        ) from None
+
+
+def _side_word(side: str) -> str:
+    return "source" if side == "src" else "destination"
+
+
+def _check_disjoint_meshes(e: TableEntry, side: str, dims: list[LayoutDims]) -> None:
+    seen: dict[int, int] = {}
+    for i, ld in enumerate(dims):
+        twice = [r for r in ld.layout.mesh.ranks if r in seen]
+        if twice:
+            first = dims[seen[twice[0]]]
+            where = _overlap_text(e, first, ld, twice[0])
+            raise PlanError(
+                f"{e.name}: {_side_word(side)} ranks {format_ranks(twice)} appear in two layouts "
+                f"({format_layout(first.layout)} and {format_layout(ld.layout)}){where}"
+            )
+        seen.update((r, i) for r in ld.layout.mesh.ranks)
+
+
+def _overlap_text(e: TableEntry, a: LayoutDims, b: LayoutDims, rank: int) -> str:
+    shape = tuple(e.meta.shape)
+    ia = a.layout.dim_intervals(shape, rank)
+    ib = b.layout.dim_intervals(shape, rank)
+    offsets, sizes = [], []
+    for da, db in zip(ia, ib, strict=True):
+        both = [(max(x, u), min(y, v)) for x, y in da for u, v in db if max(x, u) < min(y, v)]
+        if not both:
+            return ""
+        offsets.append(both[0][0])
+        sizes.append(both[0][1] - both[0][0])
+    return f"; rank {rank} would hold region {format_region(tuple(offsets), tuple(sizes))} twice"
+
+
+def _check_tiling(e: TableEntry, side: str, ld: LayoutDims) -> None:
+    for d, segs in enumerate(ld.segments):
+        for k in range(1, len(segs.starts)):
+            if segs.starts[k] < segs.stops[k - 1]:
+                lo, hi = segs.starts[k], min(segs.stops[k], segs.stops[k - 1])
+                ranks = _ranks_holding(ld, d, lo, hi)
+                raise PlanError(
+                    f"{e.name}: {_side_word(side)} {dim_word(d)} [{lo}, {hi}) are held twice within "
+                    f"layout {format_layout(ld.layout)} (ranks {format_ranks(ranks)})"
+                )
+
+
+def _gaps(segs: Segments, length: int) -> list[tuple[int, int]]:
+    gaps, pos = [], 0
+    for a, b in zip(segs.starts, segs.stops, strict=True):
+        if a > pos:
+            gaps.append((pos, a))
+        pos = max(pos, b)
+    if pos < length:
+        gaps.append((pos, length))
+    return gaps
+
+
+def _check_holes(e: TableEntry, src: list[LayoutDims], dst: list[LayoutDims]) -> None:
+    """Every source layout must hold the whole tensor (replicas are interchangeable)."""
+    shape = tuple(e.meta.shape)
+    if 0 in shape:
+        return
+    for ld in src:
+        for d, segs in enumerate(ld.segments):
+            for lo, hi in _gaps(segs, shape[d]):
+                ranks = format_ranks(r for dd in dst for r in _ranks_holding(dd, d, lo, hi))
+                if any(o is not ld and not _overlaps_gap(o.segments[d], shape[d], lo, hi) for o in src):
+                    raise PlanError(
+                        f"{e.name}: source layout {format_layout(ld.layout)} does not hold "
+                        f"{dim_word(d)} [{lo}, {hi}) (needed on destination ranks {ranks}); every source "
+                        "layout must hold the whole tensor"
+                    )
+                raise PlanError(
+                    f"{e.name}: destination {dim_word(d)} [{lo}, {hi}) on ranks {ranks} "
+                    "are not held by any source rank"
+                )
+
+
+def _overlaps_gap(segs: Segments, length: int, lo: int, hi: int) -> bool:
+    return any(a < hi and b > lo for a, b in _gaps(segs, length))
+
+
+def _ranks_holding(ld: LayoutDims, d: int, lo: int, hi: int) -> list[int]:
+    """Ranks of ``ld`` whose holding along dim ``d`` overlaps ``[lo, hi)`` (error path only)."""
+    segs = ld.segments[d]
+    subs = {segs.subs[k] for k in range(len(segs.starts)) if segs.starts[k] < hi and segs.stops[k] > lo}
+    mesh = ld.layout.mesh
+    return [mesh.rank_at(c) for c in mesh.coords() if ld.split_coord(c)[0][d] in subs]
