@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ..plugins import get_plugin_manager
 from ..specs import TensorSpec
 from .context import ExtractContext, ExtractError
 
@@ -33,7 +34,7 @@ def extract_specs(
     if side not in ("src", "dst"):
         raise ExtractError(f"side must be 'src' or 'dst', got {side!r}")
     ctx = context or ExtractContext.create(group)
-    hook = _plugin_manager().hook.reshard_extract_tensor
+    hook = get_plugin_manager().hook.reshard_extract_tensor
     specs: list[TensorSpec] = []
     origin: dict[str, str] = {}
     for root in _roots(model):
@@ -101,28 +102,3 @@ def _checked(found: Any, qualname: str, ctx: ExtractContext) -> list[TensorSpec]
                 f"differs from {expected} given by its layout"
             )
     return found
-
-
-_LOCAL_PM = None
-
-
-def _plugin_manager():
-    """The project's plugin manager; until ``reshard_core.plugins`` exists, a local one."""
-    import importlib.util
-
-    if importlib.util.find_spec("reshard_core.plugins") is not None:
-        from ..plugins import get_plugin_manager
-
-        return get_plugin_manager()
-    global _LOCAL_PM
-    if _LOCAL_PM is None:
-        import pluggy
-
-        from .. import hookspecs
-        from . import builtin
-
-        pm = pluggy.PluginManager("reshard")
-        pm.add_hookspecs(hookspecs)
-        pm.register(builtin, name="reshard_core.extract.builtin")
-        _LOCAL_PM = pm
-    return _LOCAL_PM

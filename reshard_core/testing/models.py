@@ -48,7 +48,9 @@ def init_megatron() -> None:
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
 
 
-def build_pg_collection(tp: int = 1, pp: int = 1, ep: int = 1, *, rank_offset: int = 0, size: int | None = None):
+def build_pg_collection(
+    tp: int = 1, pp: int = 1, ep: int = 1, *, rank_offset: int = 0, size: int | None = None
+) -> Any:
     """A ``ProcessGroupCollection`` for TP×EP×PP×DP over ranks ``[rank_offset, rank_offset + size)``.
 
     Built like Megatron's refit tests: ``HyperCommGrid([tp, cp=1, ep, pp, dp])`` (TP fastest),
@@ -84,8 +86,8 @@ def build_gpt(
     seed: int = 0,
     num_layers: int = 2,
     hidden_size: int = 64,
-    num_attention_heads: int = 4,
-    num_query_groups: int = 2,
+    num_attention_heads: int = 8,
+    num_query_groups: int = 4,
     ffn_hidden_size: int = 128,
     vocab_size: int = 128,
     max_sequence_length: int = 16,
@@ -155,9 +157,9 @@ def _set_megatron_values(model: nn.Module, seed: int) -> None:
             keys.update({id(t): f"L{layer.layer_number}|{n}" for n, t in _tensors(layer)})
             for sub in layer.modules():
                 if isinstance(sub, SequentialMLP):
-                    indices = layer.mlp.local_expert_indices
                     for k, expert in enumerate(sub.local_experts):
-                        keys.update({id(t): f"L{layer.layer_number}|E{indices[k]}|{n}" for n, t in _tensors(expert)})
+                        key = f"L{layer.layer_number}|E{layer.mlp.local_expert_indices[k]}"
+                        keys.update({id(t): f"{key}|{n}" for n, t in _tensors(expert)})
     with torch.no_grad():
         for _, t in _tensors(model):
             if not getattr(t, "tensor_model_parallel", False) and t.is_floating_point():
