@@ -73,9 +73,8 @@ def _apply_options(table: LayoutTable, ignore: tuple[str, ...], ties: dict[str, 
                 f"source {ties[e.name]} is not on the source side either"
             )
         src_meta = origin.source_meta
-        entries[n] = replace(
-            e, src=origin.src, src_meta=None if src_meta == e.meta else src_meta, src_name=origin.name
-        )
+        same = (tuple(src_meta.shape), src_meta.dtype) == (tuple(e.meta.shape), e.meta.dtype)
+        entries[n] = replace(e, src=origin.src, src_meta=None if same else src_meta, src_name=origin.name)
         changed = True
     return LayoutTable(tuple(entries)) if changed else table
 
@@ -110,8 +109,9 @@ def _check_sides(e: TableEntry) -> None:
             f"it; pass ignore=[{e.name!r}] to leave it out, or tied= to feed it from another tensor"
         )
     if e.src_meta is not None:
+        tie = f" (tied to {e.src_name})" if e.src_name else ""
         raise PlanError(
-            f"{e.name}: source {format_meta(e.src_meta)} on ranks {format_ranks(_ranks(e.src))} but "
+            f"{e.name}: source{tie} {format_meta(e.src_meta)} on ranks {format_ranks(_ranks(e.src))} but "
             f"destination {format_meta(e.meta)} on ranks {format_ranks(_ranks(e.dst))}"
         )
 
