@@ -1,0 +1,127 @@
+"""Schedule agreement and the unique-id broadcast over a real Gloo world (3 processes, loopback)."""
+
+from __future__ import annotations
+
+import pytest
+from reshard_nvshmem.exchange import (
+    LocalRun,
+    RunSchedules,
+    all_gather_sends,
+    broadcast_bytes,
+    check_receives,
+    group_rank,
+)
+from reshard_nvshmem.schedule import Message, StagingConfig
+
+from reshard_core.errors import TransportError
+from reshard_core.testing.world import run_world
+
+CFG = StagingConfig(slot_bytes=1024, slots=2, align=16, min_piece=1)
+
+
+def ring_run(rank: int, world: int, scale: int = 1) -> LocalRun:
+    """Rank r sends 100·(r+1)·scale bytes to r+1 and 7 bytes to r+2 (mod world)."""
+    sends = (((rank + 1) % world, 100 * (rank + 1) * scale), ((rank + 2) % world, 7))
+    prev, prev2 = (rank - 1) % world, (rank - 2) % world
+    recvs = ((prev, 100 * (prev + 1) * scale), (prev2, 7))
+    return LocalRun(sends, tuple(sorted(recvs)))
+
+
+def _world_checks(rank: int, world: int) -> dict:
+    import torch.distributed as dist
+
+    out: dict = {}
+    out["uid"] = broadcast_bytes(bytes(range(16)) if rank == 0 else None, 16, None)
+    out["messages"] = all_gather_sends(ring_run(rank, world).sends, None)
+
+    sub = dist.new_group([0, 2])
+    out["group_rank_of_2"] = group_rank(sub, 2)
+    try:
+        group_rank(sub, 1)
+    except TransportError as exc:
+        out["not_member"] = str(exc)
+
+    book = RunSchedules(None, CFG)
+    book.schedule_for(ring_run(rank, world))
+    book.schedule_for(ring_run(rank, world))
+    out["gathers_unbound"] = book.gathers  # no plan key: every run gathers
+
+    first = []
+    book.begin_plan("plan-A")
+    first.append(book.schedule_for(ring_run(rank, world)))
+    first.append(book.schedule_for(ring_run(rank, world, scale=3)))
+    after_first_refit = book.gathers
+    book.begin_plan("plan-A")  # the next refit of the same plan: cached, no collective
+    again = [book.schedule_for(ring_run(rank, world)), book.schedule_for(ring_run(rank, world, scale=3))]
+    out["gathers_plan"] = (after_first_refit, book.gathers)
+    out["same_schedules"] = all(a is b for a, b in zip(first, again, strict=True))
+    out["rounds"] = [s.rounds for s in first]
+
+    book.begin_plan("plan-A")
+    try:  # rank 1 changed its messages but reuses the key: it raises, nobody waits on it
+        book.schedule_for(ring_run(rank, world, scale=2 if rank == 1 else 1))
+    except TransportError as exc:
+        out["stale_key"] = str(exc)
+
+    book.begin_plan(None)
+    run = ring_run(rank, world)
+    if rank == 2:  # posts a receive of the wrong size from rank 0
+        run = LocalRun(run.sends, tuple((src, 99 if src == 0 else n) for src, n in run.recvs))
+    try:
+        book.schedule_for(run)
+    except TransportError as exc:
+        out["bad_recv"] = str(exc)
+    return out
+
+
+@pytest.fixture(scope="module")
+def world_results() -> list[dict]:
+    return run_world(_world_checks, 3, timeout=120)
+
+
+def test_unique_id_bytes_reach_every_rank(world_results: list[dict]) -> None:
+    assert [r["uid"] for r in world_results] == [bytes(range(16))] * 3
+
+
+def test_gathered_message_list_is_global_and_ordered(world_results: list[dict]) -> None:
+    expected = [
+        Message(0, 1, 0, 100), Message(0, 2, 0, 7),
+        Message(1, 2, 0, 200), Message(1, 0, 0, 7),
+        Message(2, 0, 0, 300), Message(2, 1, 0, 7),
+    ]  # fmt: skip
+    assert all(r["messages"] == expected for r in world_results)
+
+
+def test_group_ranks_map_and_non_members_fail(world_results: list[dict]) -> None:
+    assert world_results[0]["group_rank_of_2"] == 1
+    assert world_results[0]["not_member"] == "rank 1 is not a member of the transport's process group"
+
+
+def test_plan_key_caches_runs_after_the_first_refit(world_results: list[dict]) -> None:
+    for r in world_results:
+        assert r["gathers_unbound"] == 2
+        assert r["gathers_plan"] == (4, 4)  # two gathers for the first refit, none for the second
+        assert r["same_schedules"]
+        assert r["rounds"] == [1, 1]
+
+
+def test_reused_plan_key_with_other_messages_raises_on_that_rank(world_results: list[dict]) -> None:
+    assert "stale_key" not in world_results[0] and "stale_key" not in world_results[2]
+    assert world_results[1]["stale_key"] == (
+        "run 0 of plan 'plan-A' on rank 1 moves other messages than when the plan was first run; "
+        "bind a new plan key"
+    )
+
+
+def test_mismatched_receive_names_both_ranks(world_results: list[dict]) -> None:
+    assert "bad_recv" not in world_results[0] and "bad_recv" not in world_results[1]
+    assert world_results[2]["bad_recv"] == (
+        "rank 0 sends rank 2 messages of [7] bytes, but rank 2 posted receives of [99] bytes"
+    )
+
+
+def test_check_receives_accepts_a_match() -> None:
+    messages = [Message(0, 1, 0, 5), Message(0, 1, 1, 6)]
+    check_receives(messages, 1, LocalRun((), ((0, 5), (0, 6))), [0, 1])
+    with pytest.raises(TransportError, match=r"of \[5, 6\] bytes, but rank 1 posted receives of \[\]"):
+        check_receives(messages, 1, LocalRun((), ()), [0, 1])
