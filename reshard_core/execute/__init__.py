@@ -1,0 +1,6 @@
+"""Execute a rank's plan: packed messages per peer and batch, local copies, transforms, in-place landing."""
+
+from .executor import execute_plan
+from .stats import ExecStats
+
+__all__ = ["ExecStats", "execute_plan"]

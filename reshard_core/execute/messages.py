@@ -1,0 +1,171 @@
+"""One message per peer per batch: packing what a rank sends, preparing and landing what it receives.
+
+A message is a sequence of slots (``slots.py``), one per wire tensor: the source region of an
+untransformed op (in the plan's dtype), or each tensor a transform produced for the op. When a peer's
+message is a single contiguous tensor of the right dtype it goes on the wire as is (no staging): the
+source view on the sender, the destination view (or the transform's receive buffer) on the receiver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from ..plan.ops import RankPlan, TransferOp
+from ..transform import ReshardTransform
+from .check import region
+from .slots import Slot, layout_slots, slot_view
+from .stats import ExecStats, StagingMeter
+
+
+@dataclass
+class ExecContext:
+    """Everything the executor's steps share for one ``execute_plan`` call."""
+
+    plan: RankPlan
+    src: Mapping[str, torch.Tensor | None]
+    dst: Mapping[str, torch.Tensor | None]
+    transforms: Mapping[str, ReshardTransform]
+    stats: ExecStats = field(default_factory=ExecStats)
+    meter: StagingMeter = field(default_factory=StagingMeter)
+
+    def wire_dtype(self, name: str) -> torch.dtype:
+        return self.plan.tensors[name].dtype
+
+
+@dataclass
+class Outgoing:
+    """The message for one peer: ``message`` is submitted as is; ``staged`` bytes are held until sent."""
+
+    peer: int
+    message: torch.Tensor
+    staged: int
+
+
+@dataclass
+class Landing:
+    """How one received op lands: into ``target`` (a destination view) or through its transform."""
+
+    op: TransferOp
+    slots: list[Slot]
+    target: torch.Tensor | None
+    buffers: list[torch.Tensor] | None
+    device: torch.device
+
+
+@dataclass
+class Incoming:
+    """The message from one peer; ``direct`` when ``message`` is the landing place itself."""
+
+    peer: int
+    message: torch.Tensor
+    landings: list[Landing]
+    direct: bool
+    staged: int
+
+
+def _send_pieces(ctx: ExecContext, op: TransferOp) -> tuple[list[tuple[torch.Tensor, torch.dtype]], int]:
+    """The wire tensors of one SEND op with the dtype each travels in, and the bytes freshly produced."""
+    view = region(ctx.src[op.name], op.src_local, op.sizes)
+    transform = ctx.transforms.get(op.name)
+    if transform is None:
+        return [(view, ctx.wire_dtype(op.name))], 0
+    wire = transform.prepare_send(op.name, op, view)
+    return [(t, t.dtype) for t in wire], sum(t.nbytes for t in wire)
+
+
+def build_outgoing(ctx: ExecContext, peer: int, ops: list[TransferOp]) -> Outgoing | None:
+    """Pack every SEND op to ``peer`` of one batch into one message (None when it has no bytes)."""
+    pieces: list[tuple[torch.Tensor, torch.dtype]] = []
+    produced = 0
+    for op in ops:
+        more, nbytes = _send_pieces(ctx, op)
+        pieces += more
+        produced += ctx.meter.hold(nbytes)
+    slots, total = layout_slots([(tuple(t.shape), dtype) for t, dtype in pieces])
+    if total == 0:
+        ctx.meter.release(produced)
+        return None
+    first, first_dtype = pieces[0]
+    if len(pieces) == 1 and first.is_contiguous() and first.dtype == first_dtype:
+        return Outgoing(peer, first, produced)
+    message = torch.empty(total, dtype=torch.uint8, device=first.device)
+    staged = ctx.meter.hold(total)
+    for (tensor, _), slot in zip(pieces, slots, strict=True):
+        slot_view(message, slot).copy_(tensor)
+    ctx.meter.release(produced)
+    return Outgoing(peer, message, staged)
+
+
+def _landing(ctx: ExecContext, op: TransferOp) -> tuple[Landing, list[tuple[tuple[int, ...], torch.dtype]]]:
+    transform = ctx.transforms.get(op.name)
+    if transform is None:
+        target = region(ctx.dst[op.name], op.dst_local, op.sizes)
+        landing = Landing(op, [], target, None, target.device)
+        return landing, [(tuple(op.sizes), ctx.wire_dtype(op.name))]
+    buffers = list(transform.prepare_recv(op.name, op))
+    device = buffers[0].device if buffers else torch.device("cpu")
+    return Landing(op, [], None, buffers, device), [(tuple(b.shape), b.dtype) for b in buffers]
+
+
+def _direct_target(landings: list[Landing], slot_count: int, dtype_of) -> torch.Tensor | None:
+    """The tensor to receive into without staging, when the message is one slot that can land as is."""
+    if len(landings) != 1 or slot_count != 1:
+        return None
+    landing = landings[0]
+    if landing.buffers is not None:
+        return landing.buffers[0] if landing.buffers[0].is_contiguous() else None
+    target = landing.target
+    return target if target.is_contiguous() and target.dtype == dtype_of(landing.op.name) else None
+
+
+def build_incoming(ctx: ExecContext, peer: int, ops: list[TransferOp]) -> Incoming | None:
+    """Prepare the one message expected from ``peer`` in a batch (None when it has no bytes)."""
+    pairs = [_landing(ctx, op) for op in ops]
+    landings = [landing for landing, _ in pairs]
+    slots, total = layout_slots([spec for _, specs in pairs for spec in specs])
+    if total == 0:
+        return None
+    position = 0
+    for landing, specs in pairs:
+        landing.slots, position = slots[position : position + len(specs)], position + len(specs)
+    direct = _direct_target(landings, len(slots), ctx.wire_dtype)
+    if direct is not None:
+        return Incoming(peer, direct, landings, True, ctx.meter.hold(_buffer_bytes(landings)))
+    for landing in landings:  # packed: the transform gets views of the message instead
+        landing.buffers = None
+    message = torch.empty(total, dtype=torch.uint8, device=landings[0].device)
+    return Incoming(peer, message, landings, False, ctx.meter.hold(total))
+
+
+def _buffer_bytes(landings: list[Landing]) -> int:
+    return sum(b.nbytes for landing in landings for b in (landing.buffers or ()))
+
+
+def land(ctx: ExecContext, incoming: Incoming) -> None:
+    """Unpack a completed message: one copy per op (cast if asked), or the transform's finalize_recv."""
+    for landing in incoming.landings:
+        if incoming.direct:
+            views = [incoming.message]
+        else:
+            views = [slot_view(incoming.message, slot) for slot in landing.slots]
+        if landing.target is None:
+            ctx.transforms[landing.op.name].finalize_recv(landing.op.name, landing.op, views)
+        elif not incoming.direct:
+            landing.target.copy_(views[0])
+
+
+def run_local(ctx: ExecContext, op: TransferOp) -> int:
+    """Copy one LOCAL op view to view (or through its transform); return the logical bytes."""
+    view = region(ctx.src[op.name], op.src_local, op.sizes)
+    transform = ctx.transforms.get(op.name)
+    if transform is None:
+        region(ctx.dst[op.name], op.dst_local, op.sizes).copy_(view)
+    else:
+        wire = transform.prepare_send(op.name, op, view)
+        held = ctx.meter.hold(sum(t.nbytes for t in wire))
+        transform.finalize_recv(op.name, op, wire)
+        ctx.meter.release(held)
+    return op.numel * ctx.plan.tensors[op.name].itemsize

@@ -1,0 +1,62 @@
+"""Pure helpers that turn a ``RankPlan`` into per-batch, per-peer work (no tensors, no transport)."""
+
+from __future__ import annotations
+
+from collections.abc import Container
+from dataclasses import dataclass, field
+
+from ..plan.ops import OpKind, RankPlan, TransferOp
+
+_RANK_BITS = 20
+
+
+@dataclass
+class Batch:
+    """The ops of one batch on one rank: sends and receives grouped by peer (plan order kept)."""
+
+    index: int
+    sends: dict[int, list[TransferOp]] = field(default_factory=dict)
+    recvs: dict[int, list[TransferOp]] = field(default_factory=dict)
+    local: list[TransferOp] = field(default_factory=list)
+
+
+def split_batches(plan: RankPlan) -> list[Batch]:
+    """The plan's non-empty batches in ascending order (the plan lists ops ordered by batch)."""
+    batches: dict[int, Batch] = {}
+    for op in plan.ops:
+        batch = batches.setdefault(op.batch, Batch(op.batch))
+        if op.kind is OpKind.LOCAL:
+            batch.local.append(op)
+        else:
+            per_peer = batch.sends if op.kind is OpKind.SEND else batch.recvs
+            per_peer.setdefault(op.peer, []).append(op)
+    return [batches[k] for k in sorted(batches)]
+
+
+def message_task_id(batch: int, src_rank: int, dst_rank: int) -> int:
+    """The task id of the one message ``src_rank`` sends ``dst_rank`` in ``batch`` (same on both sides)."""
+    return (batch << (2 * _RANK_BITS)) | (src_rank << _RANK_BITS) | dst_rank
+
+
+def finalize_points(plan: RankPlan, names: Container[str]) -> dict[int, list[str]]:
+    """For each batch, the names in ``names`` whose last RECV/LOCAL op on this rank is in it."""
+    last: dict[str, int] = {}
+    for op in plan.ops:
+        if op.kind is not OpKind.SEND and op.name in names:
+            last[op.name] = op.batch
+    points: dict[int, list[str]] = {}
+    for name, batch in last.items():
+        points.setdefault(batch, []).append(name)
+    return points
+
+
+def first_points(plan: RankPlan, names: Container[str]) -> dict[int, list[str]]:
+    """For each batch, the names in ``names`` whose first RECV/LOCAL op on this rank is in it."""
+    first: dict[str, int] = {}
+    for op in plan.ops:
+        if op.kind is not OpKind.SEND and op.name in names:
+            first.setdefault(op.name, op.batch)
+    points: dict[int, list[str]] = {}
+    for name, batch in first.items():
+        points.setdefault(batch, []).append(name)
+    return points

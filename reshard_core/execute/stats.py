@@ -1,0 +1,65 @@
+"""What one execution of a rank's plan did: bytes, messages, batches, staging, seconds per phase."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+
+@dataclass
+class ExecStats:
+    """Counters of one ``execute_plan`` call on one rank.
+
+    Bytes are wire bytes (packed messages, slot alignment included); ``bytes_local`` counts the
+    logical bytes of LOCAL ops. ``messages_sent`` / ``messages_received`` count transport messages
+    (one per peer per batch and direction). ``batches`` counts the batches this rank took part in.
+    ``peak_staging_bytes`` is the most transient memory held at once: pack buffers, staged receives,
+    transform wire tensors and buffers, and what transforms declare via ``transient_bytes``.
+    Seconds: ``pack`` (packing sends, preparing receives), ``transfer`` (issuing and waiting on the
+    transport), ``local`` (LOCAL ops), ``unpack`` (landing received data, finalize hooks).
+    """
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    bytes_local: int = 0
+    messages_sent: int = 0
+    messages_received: int = 0
+    batches: int = 0
+    peak_staging_bytes: int = 0
+    seconds_pack: float = 0.0
+    seconds_transfer: float = 0.0
+    seconds_local: float = 0.0
+    seconds_unpack: float = 0.0
+    seconds_total: float = 0.0
+
+    @property
+    def messages(self) -> int:
+        """Messages this rank sent (every message is counted once, by its sender)."""
+        return self.messages_sent
+
+    @contextmanager
+    def timed(self, phase: str):
+        """Add the time spent in the ``with`` body to ``seconds_<phase>``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            field = f"seconds_{phase}"
+            setattr(self, field, getattr(self, field) + time.perf_counter() - start)
+
+
+class StagingMeter:
+    """Tracks transient bytes held now and the peak, for ``ExecStats.peak_staging_bytes``."""
+
+    def __init__(self) -> None:
+        self.held = 0
+        self.peak = 0
+
+    def hold(self, nbytes: int) -> int:
+        self.held += nbytes
+        self.peak = max(self.peak, self.held)
+        return nbytes
+
+    def release(self, nbytes: int) -> None:
+        self.held -= nbytes

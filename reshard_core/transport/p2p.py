@@ -1,0 +1,241 @@
+"""A ``CopyService`` base over torch.distributed point-to-point ops, shared by the Gloo and NCCL transports.
+
+Ops are queued by ``submit_send``/``submit_recv`` and issued together by ``start()``, which returns an
+``InFlight`` round whose ``wait()`` blocks until all of them completed; ``run()`` is ``start().wait()``.
+The split lets the executor pack the next batch while this one is on the wire.
+
+Pairing is by submission order: the n-th send from A to B in a round matches the n-th receive on B
+from A. Every tensor travels as its raw bytes (``view(torch.uint8)``), so any dtype, float8
+included, arrives bit for bit. Ranks are global ranks; ``group`` (default: the world) limits who may
+be a peer. When ``group``'s backend is not the one the transport needs, the transport builds its own
+group over the same ranks with ``dist.new_group``, which every rank of the world must do together.
+
+Failure: a round that does not finish within ``timeout`` seconds, or whose peer vanished, raises
+``TransportError`` naming the failed op (direction, peer rank, task id, bytes) and every other
+unfinished op. The backend is then told to give up on the unfinished ops (Gloo closes those pairs, so
+the peers fail at once instead of waiting out their own timeout; NCCL aborts the communicator), and
+the group must be treated as broken. Buffers of a failed round stay referenced for the life of the
+process, because a backend may still write into them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+
+from ..errors import TransportError
+from .copy_service import CopyService
+
+_ABANDONED: list[Any] = []  # failed rounds: their buffers must outlive any late write by the backend
+_MAX_LISTED = 8
+
+
+@dataclass
+class QueuedOp:
+    """One submitted send or receive. ``wire`` is what the backend moves (set by the subclass)."""
+
+    kind: str  # "send" or "recv"
+    tensor: torch.Tensor
+    peer: int
+    task_id: int
+    wire: torch.Tensor | None = None
+
+    def describe(self) -> str:
+        where = "to" if self.kind == "send" else "from"
+        return f"{self.kind} {where} rank {self.peer} (task {self.task_id}, {self.tensor.nbytes} bytes)"
+
+
+def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """The contiguous ``tensor`` as a flat uint8 view of the same memory."""
+    return tensor.reshape(-1).view(torch.uint8)
+
+
+def remaining(deadline: float | None) -> float | None:
+    """Seconds left until ``deadline`` (``time.monotonic`` based), never below 1 ms; None = no limit."""
+    if deadline is None:
+        return None
+    return max(deadline - time.monotonic(), 0.001)
+
+
+def poll_until(done: Callable[[], bool], deadline: float) -> None:
+    """Return once ``done()`` is true; raise ``TimeoutError`` when ``deadline`` passes first."""
+    pause = 5e-5
+    while not done():
+        if time.monotonic() >= deadline:
+            raise TimeoutError("timed out")
+        time.sleep(pause)
+        pause = min(pause * 2, 1e-3)
+
+
+def describe_failure(exc: BaseException, timeout: float | None) -> str:
+    """A one-line reason for a backend error, in our words where we recognise it."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    low = text.lower()
+    if "timed out" in low or isinstance(exc, TimeoutError):
+        return f"timed out after {timeout:g} s" if timeout is not None else "timed out"
+    if "connection closed" in low or "connection reset" in low:
+        return "connection closed by the peer (it exited, failed or gave up)"
+    return text
+
+
+def list_ops(ops: list[QueuedOp]) -> str:
+    shown = ", ".join(op.describe() for op in ops[:_MAX_LISTED])
+    return shown + (f" and {len(ops) - _MAX_LISTED} more" if len(ops) > _MAX_LISTED else "")
+
+
+@dataclass
+class Issued:
+    """One backend request (``work``) and the queued ops it completes."""
+
+    work: Any
+    ops: list[QueuedOp]
+
+
+class InFlight:
+    """A started round; ``wait()`` returns when every op landed, or raises ``TransportError``."""
+
+    def __init__(self, service: P2PCopyService, ops: list[QueuedOp], issued: list[Issued]):
+        self.service = service
+        self.ops = ops
+        self.issued = issued
+        self.done = not ops
+
+    def wait(self) -> None:
+        if not self.done:
+            self.service._complete(self)
+            self.done = True
+
+
+class P2PCopyService(CopyService):
+    """Queue, issue and wait point-to-point ops; subclasses say how tensors reach the backend.
+
+    Subclass hooks: ``backend`` (the torch.distributed backend name), ``_check_tensor`` (device
+    rules), ``_issue`` (start the ops, return ``Issued`` records), ``_wait_issued`` (block with a time
+    limit), ``_finish`` (after every op completed, e.g. copy staged data back), ``_give_up`` (after a
+    failure, release the peers).
+    """
+
+    backend: ClassVar[str] = ""
+
+    def __init__(self, group: dist.ProcessGroup | None = None, *, timeout: float | None = None):
+        if not dist.is_available() or not dist.is_initialized():
+            raise TransportError(f"{self.name} transport needs an initialised torch.distributed group")
+        if timeout is not None and timeout <= 0:
+            raise TransportError(f"{self.name} transport: timeout must be > 0 seconds, got {timeout}")
+        super().__init__(group, timeout=timeout)
+        self.rank = dist.get_rank()
+        members = dist.get_process_group_ranks(group) if group is not None else range(dist.get_world_size())
+        self.members = frozenset(members)
+        self.comm, self._owns_comm = self._resolve_group(group)
+        self._queue: list[QueuedOp] = []
+        self._closed = False
+
+    def _resolve_group(self, group: dist.ProcessGroup | None) -> tuple[dist.ProcessGroup | None, bool]:
+        """The group to issue on: ``group`` itself when its backend fits, else a new one we own."""
+        names = str(dist.get_backend(group)).replace(":", ",").split(",")
+        if self.backend in names:
+            return group, False
+        return dist.new_group(ranks=sorted(self.members), backend=self.backend), True
+
+    # -- submission -------------------------------------------------------------------------------
+
+    def submit_send(self, tensor: torch.Tensor, dest_rank: int, task_id: int) -> None:
+        self._queue.append(self._checked(QueuedOp("send", tensor, int(dest_rank), int(task_id))))
+
+    def submit_recv(self, tensor: torch.Tensor, src_rank: int, task_id: int) -> None:
+        self._queue.append(self._checked(QueuedOp("recv", tensor, int(src_rank), int(task_id))))
+
+    def _checked(self, op: QueuedOp) -> QueuedOp:
+        what = f"{self.name}: {op.kind} with rank {op.peer} (task {op.task_id})"
+        if self._closed:
+            raise TransportError(f"{what}: the transport is closed")
+        if not isinstance(op.tensor, torch.Tensor):
+            raise TransportError(f"{what}: expected a torch.Tensor, got {type(op.tensor).__name__}")
+        if op.peer == self.rank:
+            raise TransportError(f"{what}: a rank cannot {op.kind} to itself; local copies are not sent")
+        if op.peer not in self.members:
+            raise TransportError(f"{what}: rank {op.peer} is not in the transport's group")
+        if not op.tensor.is_contiguous():
+            raise TransportError(f"{what}: the tensor is not contiguous")
+        self._check_tensor(op, what)
+        return op
+
+    def _check_tensor(self, op: QueuedOp, what: str) -> None:
+        """Raise ``TransportError`` when this transport cannot move ``op.tensor`` (device rules)."""
+
+    # -- execution --------------------------------------------------------------------------------
+
+    def start(self) -> InFlight:
+        """Issue every queued op without waiting; the queue is empty afterwards."""
+        if self._closed:
+            raise TransportError(f"{self.name}: run() after close()")
+        ops, self._queue = self._queue, []
+        if not ops:
+            return InFlight(self, [], [])
+        try:
+            issued = self._issue(ops)
+        except TransportError:
+            raise
+        except Exception as exc:
+            _ABANDONED.append(ops)
+            raise TransportError(f"{self.name}: could not start {list_ops(ops)}: {exc}") from exc
+        return InFlight(self, ops, issued)
+
+    def run(self) -> None:
+        self.start().wait()
+
+    def _complete(self, flight: InFlight) -> None:
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        for index, issued in enumerate(flight.issued):
+            try:
+                self._wait_issued(issued, deadline)
+            except Exception as exc:
+                self._fail(flight, index, exc)
+        self._finish(flight.ops)
+
+    def _fail(self, flight: InFlight, index: int, exc: BaseException) -> None:
+        failed = flight.issued[index]
+        pending = [item for k, item in enumerate(flight.issued) if k != index and not _finished(item)]
+        others = [op for item in pending for op in item.ops]
+        _ABANDONED.append(flight)
+        try:
+            self._give_up(flight, index)
+        except Exception:  # giving up is best effort; the error below is what matters
+            pass
+        message = f"{self.name}: {list_ops(failed.ops)} failed: {describe_failure(exc, self.timeout)}"
+        if others:
+            message += f"; also unfinished: {list_ops(others)}"
+        raise TransportError(message) from exc
+
+    def _issue(self, ops: list[QueuedOp]) -> list[Issued]:
+        raise NotImplementedError
+
+    def _wait_issued(self, issued: Issued, deadline: float | None) -> None:
+        raise NotImplementedError
+
+    def _finish(self, ops: list[QueuedOp]) -> None:
+        """Called once after every op of a round completed."""
+
+    def _give_up(self, flight: InFlight, failed_index: int) -> None:
+        """Release peers after a failure (best effort)."""
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._queue = []
+        if self._owns_comm and self.comm is not None:
+            dist.destroy_process_group(self.comm)
+        self.comm = None
+
+
+def _finished(issued: Issued) -> bool:
+    try:
+        return bool(issued.work.is_completed())
+    except Exception:
+        return False
