@@ -145,9 +145,15 @@ class TableBuilder:
             entries.append(
                 TableEntry(
                     meta=meta,
-                    src=tuple(self._held.get(("src", name), ())),
-                    dst=tuple(self._held.get(("dst", name), ())),
+                    src=_canonical(self._held.get(("src", name), ())),
+                    dst=_canonical(self._held.get(("dst", name), ())),
                     src_meta=src_meta if src_meta is not None and src_meta != meta else None,
                 )
             )
         return LayoutTable(tuple(entries))
+
+
+def _canonical(layouts: Iterable[Layout]) -> tuple[Layout, ...]:
+    """Layouts in an order independent of who contributed them first: replica numbering (and so
+    the planner's replica choice) must be identical on every rank."""
+    return tuple(sorted(layouts, key=lambda lay: (lay.mesh.ranks, lay.mesh.shape, repr(lay.placements))))

@@ -1,0 +1,140 @@
+"""``exchange_layouts``: one all-gather turns every rank's specs into the same layout table.
+
+Each rank encodes only the (tensor, layout) facts it contributes (see ``contribute``) plus a
+holding digest of all its own facts (see ``digest``); one all-gather of sizes and one of payloads
+give every rank every payload; decoding them builds the table. The bytes grow with the model (one
+record per tensor per layout), not with ranks × parameters. Uneven payloads travel unpadded on
+NCCL (uneven all-gather); on other backends they are padded to the largest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..errors import PlanError
+from ..plan.describe import format_layout, format_meta
+from ..plan.table import LayoutTable, TableBuilder
+from ..specs import TensorSpec
+from .codec import decode, encode
+from .contribute import contributor, own_facts, records_of
+from .digest import MOD, expected_total, holding_digest
+
+
+@dataclass(frozen=True)
+class ExchangeStats:
+    """What one exchange cost this rank.
+
+    ``bytes``: bytes this rank received (size words and payloads, padding included);
+    ``bytes_sent``: its own payload plus its size word; ``table_bytes``: all payloads together,
+    the compact table every rank receives; ``records``: facts this rank contributed.
+    """
+
+    bytes: int
+    bytes_sent: int
+    table_bytes: int
+    records: int
+    world: int
+    padded: bool
+
+
+def exchange_layouts(
+    src_specs: Iterable[TensorSpec] | None,
+    dst_specs: Iterable[TensorSpec] | None,
+    group: dist.ProcessGroup | None = None,
+) -> tuple[LayoutTable, ExchangeStats]:
+    """Collective over ``group``: every rank gets the same ``LayoutTable`` of both sides.
+
+    Meshes name global ranks. Raises ``PlanError`` on every rank when ranks disagree about a
+    tensor's shape, dtype or layout, naming the tensor and the ranks.
+    """
+    rank = dist.get_rank()
+    facts = own_facts(src_specs, dst_specs)
+    records = records_of(rank, facts)
+    payload = encode(rank, holding_digest(facts), records)
+    payloads, received, padded = all_gather_bytes(payload, group)
+    builder = TableBuilder()
+    total = 0
+    for blob in payloads:
+        sender, digest, recs = decode(blob)
+        total += digest
+        for rec in recs:
+            builder.add(rec.side, sender, rec.meta, rec.layout)
+    table = builder.build()
+    if total % MOD != expected_total(table):
+        _raise_disagreement(table, rank, facts, group)
+    stats = ExchangeStats(
+        bytes=received,
+        bytes_sent=len(payload) + 8,
+        table_bytes=sum(len(p) for p in payloads),
+        records=len(records),
+        world=len(payloads),
+        padded=padded,
+    )
+    return table, stats
+
+
+def all_gather_bytes(payload: bytes, group=None) -> tuple[list[bytes], int, bool]:
+    """Every rank's ``payload``; also the bytes this rank received and whether padding was used."""
+    backend = dist.get_backend(group)
+    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+    world = dist.get_world_size(group)
+    size = torch.tensor([len(payload)], dtype=torch.int64, device=device)
+    sizes_t = [torch.empty_like(size) for _ in range(world)]
+    dist.all_gather(sizes_t, size, group=group)
+    sizes = [int(s.item()) for s in sizes_t]
+    empty = torch.empty(0, dtype=torch.uint8)
+    mine = (torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else empty).to(device)
+    uneven = backend == "nccl"
+    width = max(sizes)
+    if not uneven:
+        mine = torch.nn.functional.pad(mine, (0, width - len(payload)))
+    outs = [torch.empty(n if uneven else width, dtype=torch.uint8, device=device) for n in sizes]
+    dist.all_gather(outs, mine, group=group)
+    blobs = [bytes(o[:n].cpu().clone().untyped_storage()) for o, n in zip(outs, sizes, strict=True)]
+    received = 8 * world + (sum(sizes) if uneven else width * world)
+    return blobs, received, not uneven
+
+
+def _raise_disagreement(table: LayoutTable, rank: int, facts, group) -> None:
+    """Error path: every rank names its own disagreement; all ranks raise the same message."""
+    mine = _local_disagreement(table, rank, facts)
+    texts, _, _ = all_gather_bytes((mine or "").encode(), group)
+    found = [t.decode() for t in texts if t]
+    if not found:
+        raise PlanError("layout exchange: rank holding digests do not add up, yet no rank finds a difference")
+    more = f" (and {len(found) - 3} more ranks disagree)" if len(found) > 3 else ""
+    raise PlanError("layout exchange: ranks disagree about their holdings: " + "; ".join(found[:3]) + more)
+
+
+def _local_disagreement(table: LayoutTable, rank: int, facts) -> str | None:
+    mine = set()
+    for side, meta, layout in facts:
+        word = "source" if side == "src" else "destination"
+        entry = table.get(meta.name)
+        layouts = entry.layouts(side) if entry is not None else ()
+        if layout not in layouts:
+            return (
+                f"{meta.name}: rank {rank} holds its {word} in layout {format_layout(layout)}, which rank "
+                f"{contributor(side, meta.name, layout)} did not report"
+            )
+        seen = entry.source_meta if side == "src" else entry.meta
+        if (tuple(seen.shape), seen.dtype) != (tuple(meta.shape), meta.dtype):
+            return (
+                f"{meta.name}: rank {rank} holds its {word} as {format_meta(meta)}, rank "
+                f"{contributor(side, meta.name, layout)} reported {format_meta(seen)}"
+            )
+        mine.add((side, meta.name))
+    for e in table.entries:
+        for side in ("src", "dst"):
+            for layout in e.layouts(side):
+                if rank in layout.mesh.ranks and (side, e.name) not in mine:
+                    word = "source" if side == "src" else "destination"
+                    return (
+                        f"{e.name}: rank {contributor(side, e.name, layout)} reports a {word} layout "
+                        f"{format_layout(layout)} that includes rank {rank}, which holds no such tensor"
+                    )
+    return None
