@@ -9,12 +9,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from patterns import tp_dp_messages
+from nvshmem_patterns import tp_dp_messages, transfer_sets
+from nvshmem_sim import Deadlock, SimWorld, SlotConflict
 from reshard_nvshmem.engine import byte_view, enqueue
 from reshard_nvshmem.schedule import Message, StagingConfig, build_schedule
 from reshard_nvshmem.slots import RankProgram, RecvStep, SendStep, SignalLedger
-from sim import Deadlock, SimWorld, SlotConflict
-from test_schedule import transfer_sets
 
 
 def simulate(world: int, cfg: StagingConfig, runs: list[list[Message]], seed: int = 0, tamper=None) -> int:

@@ -6,8 +6,7 @@ from collections import defaultdict
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
-from patterns import tp_dp_messages
+from nvshmem_patterns import tp_dp_messages, transfer_sets
 from reshard_nvshmem.schedule import (
     Message,
     Piece,
@@ -163,25 +162,6 @@ def test_staging_config_from_arguments_and_env() -> None:
         StagingConfig(slots=0)
     with pytest.raises(ValueError, match="power of two dividing slot_bytes"):
         StagingConfig(slot_bytes=1000, align=256)
-
-
-@st.composite
-def transfer_sets(draw, align: int | None = None, min_piece: int | None = None):
-    world = draw(st.integers(2, 6))
-    cfg = StagingConfig(
-        slot_bytes=draw(st.sampled_from([64, 256, 1024])),
-        slots=draw(st.integers(1, 3)),
-        align=align or draw(st.sampled_from([1, 16, 64])),
-        min_piece=min_piece or draw(st.sampled_from([1, 32, 100])),
-    )
-    counts: dict[tuple[int, int], int] = defaultdict(int)
-    msgs = []
-    rank = st.integers(0, world - 1)
-    for src, dst, nbytes in draw(st.lists(st.tuples(rank, rank, st.integers(0, 3000)), max_size=16)):
-        if src != dst:
-            msgs.append(Message(src, dst, counts[(src, dst)], nbytes))
-            counts[(src, dst)] += 1
-    return msgs, world, cfg
 
 
 @settings(max_examples=150, deadline=None)

@@ -1,4 +1,6 @@
-"""Realistic message lists for schedule tests: a GPT-like model resharded between TP×DP layouts.
+"""Message lists for schedule tests (and a hypothesis strategy of random small ones).
+
+Realistic ones: a GPT-like model resharded between TP×DP layouts.
 
 Ranks are ``dp * tp + tp_index`` (TP fastest, as Megatron orders them), colocated on one world.
 Each logical tensor is sharded on one dim (column-parallel dim 0, row-parallel dim 1, gated fc1
@@ -12,7 +14,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from reshard_nvshmem.schedule import Message
+from hypothesis import strategies as st
+from reshard_nvshmem.schedule import Message, StagingConfig
 
 
 def gpt_tensors(n_tensors: int, hidden: int = 1024, ffn: int = 2816, vocab: int = 32000, kv: int = 256):
@@ -82,3 +85,22 @@ def tp_dp_messages(
         out.append(Message(src, dst, orders[(src, dst)], n))
         orders[(src, dst)] += 1
     return out
+
+
+@st.composite
+def transfer_sets(draw, align: int | None = None, min_piece: int | None = None):
+    world = draw(st.integers(2, 6))
+    cfg = StagingConfig(
+        slot_bytes=draw(st.sampled_from([64, 256, 1024])),
+        slots=draw(st.integers(1, 3)),
+        align=align or draw(st.sampled_from([1, 16, 64])),
+        min_piece=min_piece or draw(st.sampled_from([1, 32, 100])),
+    )
+    counts: dict[tuple[int, int], int] = defaultdict(int)
+    msgs = []
+    rank = st.integers(0, world - 1)
+    for src, dst, nbytes in draw(st.lists(st.tuples(rank, rank, st.integers(0, 3000)), max_size=16)):
+        if src != dst:
+            msgs.append(Message(src, dst, counts[(src, dst)], nbytes))
+            counts[(src, dst)] += 1
+    return msgs, world, cfg

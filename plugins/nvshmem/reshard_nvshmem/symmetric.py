@@ -1,0 +1,190 @@
+"""The NVSHMEM side: lazy import, bootstrap from a torch.distributed group, symmetric slots and
+signal words, and the ``StreamOps`` the engine drives (puts, signals and waits on two CUDA streams).
+
+Nothing here imports nvshmem4py at module import time; ``load_nvshmem()`` does, once.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from reshard_core.errors import TransportError
+
+from .exchange import broadcast_bytes
+from .schedule import StagingConfig
+from .slots import SignalLedger
+
+INSTALL_HINT = "nvshmem4py is not installed (pip install nvshmem4py-cu12)"
+
+
+@functools.cache
+def load_nvshmem() -> tuple[Any, str | None]:
+    """``(nvshmem.core, None)``, or ``(None, one-line reason)`` when it cannot be imported."""
+    try:
+        return importlib.import_module("nvshmem.core"), None
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] == "nvshmem":
+            return None, INSTALL_HINT
+        return None, f"nvshmem4py failed to import: {exc}"
+    except Exception as exc:  # a broken install must not break the plugin listing
+        return None, f"nvshmem4py failed to import: {type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+def _cuda_core() -> Any:
+    try:
+        return importlib.import_module("cuda.core")
+    except ImportError:
+        return importlib.import_module("cuda.core.experimental")
+
+
+class _StreamRef:
+    """A torch stream in the ``__cuda_stream__`` protocol nvshmem4py's on-stream calls take."""
+
+    def __init__(self, stream: torch.cuda.Stream):
+        self.stream = stream
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.stream.cuda_stream)
+
+
+class NvshmemRuntime:
+    """Process-wide NVSHMEM bootstrap shared by every service (NVSHMEM has one PE set per process)."""
+
+    users = 0
+    owned = False
+    ranks: tuple[int, ...] | None = None
+
+    @classmethod
+    def acquire(cls, nv: Any, group: dist.ProcessGroup | None) -> None:
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        ranks = tuple(dist.get_global_rank(group or dist.group.WORLD, g) for g in range(size))
+        if cls.users and ranks != cls.ranks:
+            raise TransportError(f"NVSHMEM already runs over ranks {cls.ranks}; this group is {ranks}")
+        if not cls.users:
+            if _is_initialised(nv):  # initialised by the application: use it, never finalize it
+                if (nv.my_pe(), nv.n_pes()) != (rank, size):
+                    raise TransportError(
+                        f"NVSHMEM was initialised elsewhere as PE {nv.my_pe()} of {nv.n_pes()}, "
+                        f"but this rank is {rank} of {size} in the transport's group"
+                    )
+                cls.owned = False
+            else:
+                _init_from_group(nv, group, rank, size)
+                cls.owned = True
+            cls.ranks = ranks
+        cls.users += 1
+
+    @classmethod
+    def release(cls, nv: Any) -> None:
+        cls.users -= 1
+        if not cls.users and cls.owned:
+            cls.owned, cls.ranks = False, None
+            nv.finalize()
+
+
+def _is_initialised(nv: Any) -> bool:
+    status = nv.init_status()
+    return status.name not in ("STATUS_NOT_INITIALIZED", "STATUS_IS_BOOTSTRAPPED", "STATUS_INVALID")
+
+
+def _init_from_group(nv: Any, group: dist.ProcessGroup | None, rank: int, size: int) -> None:
+    """UID bootstrap: rank 0 creates the unique id, the group broadcasts its bytes (no pickle)."""
+    import numpy as np
+
+    uid = nv.get_unique_id(empty=rank != 0)
+    raw = np.asarray(uid._data).view(np.uint8)  # the id struct's bytes, aliased
+    raw[:] = np.frombuffer(broadcast_bytes(raw.tobytes() if rank == 0 else None, raw.nbytes, group), np.uint8)
+    device = _cuda_core().Device(torch.cuda.current_device())
+    device.set_current()
+    nv.init(device=device, uid=uid, rank=rank, nranks=size, initializer_method="uid")
+
+
+class SymmetricStaging:
+    """This PE's receive slots and signal words (``arrivals[slots]`` then ``credits[n_pes]``), and
+    the engine's ``StreamOps`` on them. Construction and ``free()`` are collective."""
+
+    def __init__(self, nv: Any, config: StagingConfig, group: dist.ProcessGroup | None):
+        self.nv, self.config, self.group = nv, config, group
+        self.me, n_pes = dist.get_rank(group), dist.get_world_size(group)
+        self._buffer_cls = _cuda_core().Buffer
+        self._add, self._ge = nv.SignalOp.SIGNAL_ADD, nv.ComparisonType.CMP_GE
+        self.slot_bufs = [nv.buffer(config.slot_bytes) for _ in range(config.slots)]
+        self.signal_buf = nv.buffer(8 * (config.slots + n_pes))
+        self.slot_views = [_as_bytes(b) for b in self.slot_bufs]
+        self.signal_view = _as_bytes(self.signal_buf).view(torch.int64)
+        self.signal_view.zero_()
+        torch.cuda.synchronize()
+        dist.barrier(group=group)  # every PE zeroed its words before anyone signals into them
+        self.ledger = SignalLedger(config.slots)
+        self.send_stream, self.recv_stream = torch.cuda.Stream(), torch.cuda.Stream()
+        self._send, self._recv = _StreamRef(self.send_stream), _StreamRef(self.recv_stream)
+
+    def _word(self, index: int) -> Any:
+        return self._buffer_cls.from_handle(int(self.signal_buf.handle) + 8 * index, 8)
+
+    # StreamOps --------------------------------------------------------------------------------
+    def grant(self, peer: int) -> None:
+        self.nv.signal_op(self._word(self.config.slots + self.me), 1, self._add, peer, stream=self._recv)
+
+    def wait_credit(self, peer: int, value: int) -> None:
+        self.nv.signal_wait(self._word(self.config.slots + peer), value, self._ge, stream=self._send)
+
+    def put(self, peer: int, src: torch.Tensor, slot: int, offset: int) -> None:
+        dst = self._buffer_cls.from_handle(int(self.slot_bufs[slot].handle) + offset, src.numel())
+        source = self._buffer_cls.from_handle(src.data_ptr(), src.numel())
+        self.nv.put_signal(dst, source, self._word(slot), 1, self._add, peer, stream=self._send)
+
+    def wait_arrival(self, slot: int, value: int) -> None:
+        self.nv.signal_wait(self._word(slot), value, self._ge, stream=self._recv)
+
+    def unpack(self, dst: torch.Tensor, slot: int, offset: int) -> None:
+        with torch.cuda.stream(self.recv_stream):
+            dst.copy_(self.slot_views[slot][offset : offset + dst.numel()], non_blocking=True)
+
+    # run boundaries ---------------------------------------------------------------------------
+    def begin(self) -> None:
+        """Our streams start after the caller's pending work on the tensors."""
+        current = torch.cuda.current_stream()
+        self.send_stream.wait_stream(current)
+        self.recv_stream.wait_stream(current)
+
+    def finish(self, timeout: float) -> None:
+        """Return once both streams drained, or raise naming what is missing after ``timeout`` s."""
+        events = [torch.cuda.Event(), torch.cuda.Event()]
+        events[0].record(self.send_stream)
+        events[1].record(self.recv_stream)
+        deadline = time.monotonic() + timeout
+        while not all(e.query() for e in events):
+            if time.monotonic() > deadline:
+                raise TransportError(f"nvshmem run timed out after {timeout:.0f} s: {self.stalled()}")
+            time.sleep(0.0005)
+        torch.cuda.current_stream().wait_stream(self.recv_stream)
+
+    def stalled(self) -> str:
+        """Which signals are short of what this rank's ledger expects."""
+        words = self.signal_view.cpu().tolist()
+        slots = self.config.slots
+        arrivals = enumerate(self.ledger.arrivals)
+        late = [f"slot {j} has {words[j]} of {n} pieces" for j, n in arrivals if words[j] < n]
+        world = self.group or dist.group.WORLD
+        late += [
+            f"rank {dist.get_global_rank(world, p)} freed {words[slots + p]} of {n} slots"
+            for p, n in sorted(self.ledger.credits.items())
+            if words[slots + p] < n
+        ]
+        return "; ".join(late) or "no signal is short (a stream is stuck elsewhere)"
+
+    def free(self) -> None:
+        for buf in (*self.slot_bufs, self.signal_buf):
+            self.nv.free(buf)
+        self.slot_bufs, self.slot_views = [], []
+
+
+def _as_bytes(buf: Any) -> torch.Tensor:
+    return torch.utils.dlpack.from_dlpack(buf).view(torch.uint8)
