@@ -87,7 +87,7 @@ def _convert(name: str, placement):
         return Shard(int(placement.dim))
     if placement.is_partial():
         raise ExtractError(
-            f"tensor '{name}': placement {placement} is Partial (pending reduction); reduce it "
+            f"tensor '{name}': placement {placement!r} is Partial (pending reduction); reduce it "
             f"(e.g. redistribute to Replicate) before resharding"
         )
     raise ExtractError(f"tensor '{name}': unsupported DTensor placement {placement!r}")
