@@ -16,6 +16,11 @@ def region(tensor: torch.Tensor, local_offsets: tuple[int, ...], sizes: tuple[in
     return tensor[tuple(slice(o, o + s) for o, s in zip(local_offsets, sizes, strict=True))]
 
 
+def source_name(plan: RankPlan, name: str) -> str:
+    """The source tensor name feeding destination ``name`` (differs for a tied destination)."""
+    return (getattr(plan, "source_names", None) or {}).get(name, name)
+
+
 def check_inputs(
     plan: RankPlan,
     src: Mapping[str, torch.Tensor | None],
@@ -41,7 +46,8 @@ def check_inputs(
         if op.kind is not OpKind.LOCAL and op.peer == plan.rank:
             raise PlanError(f"tensor {op.name!r}: rank {plan.rank} has a {op.kind.value} op with itself")
         if op.kind is not OpKind.RECV:
-            _check_side(op, meta, src.get(op.name), "source", op.src_local, cast, device, plan.rank)
+            source = src.get(source_name(plan, op.name))
+            _check_side(op, meta, source, "source", op.src_local, cast, device, plan.rank)
         if op.kind is not OpKind.SEND and op.name not in transformed:
             _check_side(op, meta, dst.get(op.name), "destination", op.dst_local, cast, device, plan.rank)
 

@@ -15,7 +15,7 @@ import torch
 
 from ..plan.ops import RankPlan, TransferOp
 from ..transform import ReshardTransform
-from .check import region
+from .check import region, source_name
 from .slots import Slot, layout_slots, slot_view
 from .stats import ExecStats, StagingMeter
 
@@ -33,6 +33,10 @@ class ExecContext:
 
     def wire_dtype(self, name: str) -> torch.dtype:
         return self.plan.tensors[name].dtype
+
+    def source(self, name: str) -> torch.Tensor:
+        """The local source tensor feeding ``name`` (a tied destination reads another name)."""
+        return self.src[source_name(self.plan, name)]
 
 
 @dataclass
@@ -68,7 +72,7 @@ class Incoming:
 
 def _send_pieces(ctx: ExecContext, op: TransferOp) -> tuple[list[tuple[torch.Tensor, torch.dtype]], int]:
     """The wire tensors of one SEND op with the dtype each travels in, and the bytes freshly produced."""
-    view = region(ctx.src[op.name], op.src_local, op.sizes)
+    view = region(ctx.source(op.name), op.src_local, op.sizes)
     transform = ctx.transforms.get(op.name)
     if transform is None:
         return [(view, ctx.wire_dtype(op.name))], 0
@@ -159,7 +163,7 @@ def land(ctx: ExecContext, incoming: Incoming) -> None:
 
 def run_local(ctx: ExecContext, op: TransferOp) -> int:
     """Copy one LOCAL op view to view (or through its transform); return the logical bytes."""
-    view = region(ctx.src[op.name], op.src_local, op.sizes)
+    view = region(ctx.source(op.name), op.src_local, op.sizes)
     transform = ctx.transforms.get(op.name)
     if transform is None:
         region(ctx.dst[op.name], op.dst_local, op.sizes).copy_(view)

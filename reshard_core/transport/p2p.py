@@ -183,7 +183,8 @@ class P2PCopyService(CopyService):
             raise
         except Exception as exc:
             _ABANDONED.append(ops)
-            raise TransportError(f"{self.name}: could not start {list_ops(ops)}: {exc}") from exc
+            reason = describe_failure(exc, self.timeout)
+            raise TransportError(f"{self.name}: could not start {list_ops(ops)}: {reason}") from exc
         return InFlight(self, ops, issued)
 
     def run(self) -> None:

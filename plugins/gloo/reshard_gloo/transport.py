@@ -13,7 +13,15 @@ import datetime
 import torch
 import torch.distributed as dist
 
-from reshard_core.transport.p2p import InFlight, Issued, P2PCopyService, QueuedOp, as_bytes, remaining
+from reshard_core.transport.p2p import (
+    _ABANDONED,
+    InFlight,
+    Issued,
+    P2PCopyService,
+    QueuedOp,
+    as_bytes,
+    remaining,
+)
 
 
 class GlooCopyService(P2PCopyService):
@@ -37,10 +45,14 @@ class GlooCopyService(P2PCopyService):
 
     def _issue(self, ops: list[QueuedOp]) -> list[Issued]:
         _stage_to_host(ops)
-        issued = []
-        for op in ops:
-            start = dist.isend if op.kind == "send" else dist.irecv
-            issued.append(Issued(start(op.wire, op.peer, group=self.comm), [op]))
+        issued: list[Issued] = []
+        try:
+            for op in ops:
+                start = dist.isend if op.kind == "send" else dist.irecv
+                issued.append(Issued(start(op.wire, op.peer, group=self.comm), [op]))
+        except Exception:
+            _ABANDONED.append(issued)  # requests already started may still touch their buffers
+            raise
         return issued
 
     def _wait_issued(self, issued: Issued, deadline: float | None) -> None:
