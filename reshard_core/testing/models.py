@@ -102,8 +102,10 @@ def build_gpt(
     ``num_moe_experts`` makes every layer MoE with SequentialMLP experts (top-2 router).
     ``expert_bias`` adds the router's persistent ``expert_bias`` buffer (fp32, one per expert) by
     hand, since Megatron's own ``moe_router_enable_expert_bias`` allocates it on CUDA. ``tied``
-    shares the output layer with the word embeddings (with PP>1 the last stage then holds its own
-    ``output_layer.weight``). Returns None when ``pg_collection`` is None (rank outside the grid).
+    shares the output layer with the word embeddings: with PP1 there is no ``output_layer.weight``
+    (with PP>1 the last stage holds its own, but Megatron's constructor then needs CUDA). MoE with
+    TP>1 needs ``bias=False`` (Megatron supports MoE bias only with expert TP 1). Returns None when
+    ``pg_collection`` is None (rank outside the grid).
     """
     if pg_collection is None:
         return None

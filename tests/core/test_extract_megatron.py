@@ -62,6 +62,13 @@ def _megatron_world(rank: int, world: int):
         for key, (tp, pp, ep) in layouts.items():
             model = build_gpt(build_pg_collection(tp, pp, ep), seed=7, **kwargs)
             out[(family, key)] = _check(extract_specs(model, "dst"), full, rank)
+    # tied embeddings on one stage: no output_layer.weight (tied PP>1 needs CUDA to build)
+    tied = {}
+    for key, (tp, pp) in (("tp1", (1, 1)), ("tp2", (2, 1))):
+        model = build_gpt(build_pg_collection(tp, pp, 1), seed=7, num_layers=4, tied=True)
+        names = (s.meta.name for s in extract_specs(model, "src"))
+        tied[key] = sorted(n for n in names if not n.startswith("decoder."))
+    out["tied"] = tied
     # TP attributes but no pg_collection: groups come from the initialised parallel_state (TP1, DP4)
     lin = nn.Linear(4, 2, bias=False)
     lin.weight.tensor_model_parallel, lin.weight.partition_dim = True, 0
@@ -174,3 +181,9 @@ def test_expert_indices_are_global(results):
 def test_parallel_state_groups_when_no_pg_collection(results):
     for out in results:
         assert out["parallel_state"] == [("weight", Layout(Mesh((0, 1, 2, 3), (4,)), (Replicate(),)))]
+
+
+@pytest.mark.slow
+def test_tied_embeddings_are_the_documented_exception(results):
+    embeddings = ["embedding.position_embeddings.weight", "embedding.word_embeddings.weight"]
+    assert [out["tied"] for out in results] == [{"tp1": embeddings, "tp2": embeddings}] * WORLD
