@@ -1,0 +1,267 @@
+"""The executor in one process: input checks (exact texts, nothing moves), slot layout, schedule helpers,
+LOCAL ops (plain, cast, transformed) with a recording transport."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reshard_core.errors import PlanError
+from reshard_core.execute import ExecStats, execute_plan
+from reshard_core.execute.schedule import finalize_points, first_points, message_task_id, split_batches
+from reshard_core.execute.slots import Slot, layout_slots, slot_view
+from reshard_core.plan.ops import OpKind, RankPlan, TransferOp
+from reshard_core.specs import TensorMeta
+from reshard_core.transform import ReshardTransform
+from reshard_core.transport.copy_service import CopyService
+
+BF16, F32 = torch.bfloat16, torch.float32
+
+
+class Recorder(CopyService):
+    """A transport that records calls and moves nothing (``run`` only; no ``start``)."""
+
+    name = "recorder"
+    device = "any"
+
+    def __init__(self, device: str = "any"):
+        super().__init__()
+        self.device = device
+        self.calls: list[tuple] = []
+
+    def submit_send(self, tensor, dest_rank, task_id):
+        self.calls.append(("send", dest_rank, task_id, tensor.nbytes))
+
+    def submit_recv(self, tensor, src_rank, task_id):
+        self.calls.append(("recv", src_rank, task_id, tensor.nbytes))
+
+    def run(self):
+        self.calls.append(("run",))
+
+
+def op(kind, name, peer, offsets, sizes, src_local=None, dst_local=None, batch=0) -> TransferOp:
+    return TransferOp(OpKind(kind), name, peer, offsets, sizes, src_local, dst_local, batch)
+
+
+def plan_of(rank, ops, **dtypes) -> RankPlan:
+    shapes = {"w": (4, 6), "v": (4, 6)}
+    metas = {n: TensorMeta(n, shapes.get(n, (4, 6)), dtypes.get(n, F32)) for n in {o.name for o in ops}}
+    return RankPlan(rank, tuple(ops), metas, max((o.batch for o in ops), default=0) + 1)
+
+
+# -- slots and schedule ------------------------------------------------------------------------------
+
+
+def test_slots_align_each_wire_tensor_to_its_item_size():
+    slots, total = layout_slots([((3,), torch.uint8), ((2,), BF16), ((1,), F32), ((1,), torch.float64)])
+    assert [s.offset for s in slots] == [0, 4, 8, 16]
+    assert total == 24
+    message = torch.arange(24, dtype=torch.uint8)
+    view = slot_view(message, Slot(4, (1, 2), BF16))
+    assert view.shape == (1, 2) and view.dtype == BF16
+    assert torch.equal(view.view(torch.uint8).reshape(-1), torch.tensor([4, 5, 6, 7], dtype=torch.uint8))
+
+
+def test_batches_group_ops_by_peer_in_plan_order():
+    ops = [
+        op("send", "w", 1, (0, 0), (2, 6), (0, 0), None, 0),
+        op("recv", "w", 2, (2, 0), (1, 6), None, (0, 0), 0),
+        op("send", "v", 1, (0, 0), (2, 6), (0, 0), None, 0),
+        op("local", "v", 0, (2, 0), (2, 6), (2, 0), (0, 0), 0),
+        op("send", "w", 3, (0, 0), (1, 6), (0, 0), None, 2),
+    ]
+    batches = split_batches(plan_of(0, ops))
+    assert [b.index for b in batches] == [0, 2]
+    assert batches[0].sends == {1: [ops[0], ops[2]]}
+    assert batches[0].recvs == {2: [ops[1]]}
+    assert batches[0].local == [ops[3]]
+    assert batches[1].sends == {3: [ops[4]]}
+
+
+def test_task_ids_name_batch_sender_and_receiver():
+    ids = {message_task_id(b, s, d) for b in range(3) for s in range(5) for d in range(5)}
+    assert len(ids) == 75
+    assert message_task_id(2, 3, 4) == (2 << 40) | (3 << 20) | 4
+
+
+def test_finalize_and_first_points_follow_receiving_ops_only():
+    ops = [
+        op("recv", "w", 1, (0, 0), (1, 6), None, (0, 0), 0),
+        op("send", "v", 1, (0, 0), (1, 6), (0, 0), None, 0),
+        op("local", "w", 0, (1, 0), (1, 6), (1, 0), (1, 0), 1),
+        op("recv", "v", 1, (0, 0), (1, 6), None, (0, 0), 2),
+    ]
+    plan = plan_of(0, ops)
+    assert finalize_points(plan, {"w", "v"}) == {1: ["w"], 2: ["v"]}
+    assert first_points(plan, {"w", "v"}) == {0: ["w"], 2: ["v"]}
+    assert finalize_points(plan, {"v"}) == {2: ["v"]}
+
+
+# -- checks before any data moves --------------------------------------------------------------------
+
+
+def _bad(plan, src, dst, transport=None, **kwargs) -> str:
+    transport = transport or Recorder()
+    with pytest.raises(PlanError) as info:
+        execute_plan(plan, src, dst, transport, **kwargs)
+    assert transport.calls == []  # nothing was submitted
+    return str(info.value)
+
+
+def test_destination_dtype_mismatch_is_refused_unless_cast():
+    plan = plan_of(0, [op("recv", "w", 1, (0, 0), (4, 6), None, (0, 0))])
+    assert _bad(plan, {}, {"w": torch.zeros(4, 6, dtype=BF16)}) == (
+        "tensor 'w': destination dtype torch.bfloat16 differs from the plan's dtype torch.float32 "
+        "(pass cast=True to convert)"
+    )
+
+
+def test_source_dtype_mismatch_is_refused():
+    plan = plan_of(0, [op("send", "w", 1, (0, 0), (4, 6), (0, 0), None)])
+    assert _bad(plan, {"w": torch.zeros(4, 6, dtype=torch.float16)}, {}) == (
+        "tensor 'w': source dtype torch.float16 differs from the plan's dtype torch.float32 "
+        "(pass cast=True to convert)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("ops", "src", "dst", "message"),
+    [
+        (
+            [op("send", "w", 1, (0, 0), (4, 6), (0, 0), None)],
+            {},
+            {},
+            "tensor 'w': the plan of rank 0 needs its source tensor, none was given",
+        ),
+        (
+            [op("recv", "w", 1, (0, 0), (4, 6), None, (0, 0))],
+            {},
+            {"w": None},
+            "tensor 'w': the plan of rank 0 needs its destination tensor, none was given",
+        ),
+        (
+            [op("local", "w", 0, (0, 0), (4, 6), (0, 0), (1, 0))],
+            {"w": torch.zeros(4, 6)},
+            {"w": torch.zeros(4, 6)},
+            "tensor 'w': destination region at (1, 0) of size (4, 6) "
+            "is outside the local tensor of shape (4, 6)",
+        ),
+        (
+            [op("send", "w", 1, (0, 0), (4, 6), (0,), None)],
+            {"w": torch.zeros(4, 6)},
+            {},
+            "tensor 'w': source region (0,) does not fit a 2-d tensor",
+        ),
+        (
+            [op("send", "w", 0, (0, 0), (4, 6), (0, 0), None)],
+            {"w": torch.zeros(4, 6)},
+            {},
+            "tensor 'w': rank 0 has a send op with itself",
+        ),
+        (
+            [
+                op("send", "w", 1, (0, 0), (4, 6), (0, 0), None, 1),
+                op("send", "w", 2, (0, 0), (4, 6), (0, 0), None, 0),
+            ],
+            {"w": torch.zeros(4, 6)},
+            {},
+            "plan of rank 0 lists batch 0 after batch 1",
+        ),
+    ],
+)
+def test_bad_inputs_are_one_clear_error_before_anything_moves(ops, src, dst, message):
+    assert _bad(plan_of(0, ops), src, dst) == message
+
+
+def test_op_without_metadata_is_refused():
+    plan = RankPlan(0, (op("send", "x", 1, (0,), (1,), (0,), None),), {}, 1)
+    assert _bad(plan, {"x": torch.zeros(1)}, {}) == "tensor 'x': rank 0 has an op for it but no metadata"
+
+
+def test_tensors_on_a_device_the_transport_cannot_move_are_refused():
+    plan = plan_of(0, [op("send", "w", 1, (0, 0), (4, 6), (0, 0), None)])
+    assert _bad(plan, {"w": torch.zeros(4, 6)}, {}, Recorder(device="cuda")) == (
+        "tensor 'w': source tensor is on cpu, the transport moves cuda only"
+    )
+
+
+def test_two_transforms_claiming_one_tensor_is_an_error():
+    class Claim(ReshardTransform):
+        def should_transform(self, name):
+            return True
+
+    plan = plan_of(0, [op("local", "w", 0, (0, 0), (4, 6), (0, 0), (0, 0))])
+    message = _bad(plan, {"w": torch.zeros(4, 6)}, {"w": torch.zeros(4, 6)}, transform=[Claim(), Claim()])
+    assert message == "tensor 'w' is claimed by more than one transform: Claim, Claim"
+
+
+# -- LOCAL ops -----------------------------------------------------------------------------------------
+
+
+def test_local_ops_copy_view_to_view_in_place_without_staging():
+    src = {"w": torch.arange(24, dtype=F32).reshape(4, 6)}
+    dst = {"w": torch.full((6, 4), -1.0)}
+    pointer = dst["w"].data_ptr()
+    # source columns 2..5 of rows 1..2 land at destination rows 3..4, columns 1..2 (strided both sides)
+    plan = plan_of(0, [op("local", "w", 0, (1, 2), (2, 4), (1, 2), (3, 0))])
+    plan = RankPlan(0, plan.ops, {"w": TensorMeta("w", (6, 6), F32)}, 1)
+    transport = Recorder()
+    stats = execute_plan(plan, src, dst, transport)
+    want = torch.full((6, 4), -1.0)
+    want[3:5, 0:4] = src["w"][1:3, 2:6]
+    assert torch.equal(dst["w"], want)
+    assert dst["w"].data_ptr() == pointer
+    assert transport.calls == [("run",)]  # a transport without start() is driven by run()
+    assert (stats.bytes_local, stats.bytes_sent, stats.messages, stats.batches) == (32, 0, 0, 1)
+    assert stats.peak_staging_bytes == 0
+    assert isinstance(stats, ExecStats)
+
+
+def test_cast_converts_on_local_copies():
+    src = {"w": torch.randn(4, 6)}
+    dst = {"w": torch.zeros(4, 6, dtype=BF16)}
+    plan = plan_of(0, [op("local", "w", 0, (0, 0), (4, 6), (0, 0), (0, 0))])
+    execute_plan(plan, src, dst, Recorder(), cast=True)
+    assert torch.equal(dst["w"], src["w"].to(BF16))
+
+
+class SplitTransform(ReshardTransform):
+    """Two wire tensors per op (bits as int32, and a row max); owns its destination."""
+
+    def __init__(self):
+        self.owned = torch.zeros(4, 6)
+        self.seen: list[list[tuple]] = []
+        self.finalized: list[str] = []
+
+    def should_transform(self, name):
+        return name == "w"
+
+    def prepare_send(self, name, op, src_view):
+        return [src_view.contiguous().view(torch.int32), src_view.amax(-1)]
+
+    def prepare_recv(self, name, op):
+        raise AssertionError("a LOCAL op never asks for receive buffers")
+
+    def finalize_recv(self, name, op, buffers):
+        self.seen.append([(tuple(b.shape), b.dtype) for b in buffers])
+        self.owned[op.dst_local[0] : op.dst_local[0] + op.sizes[0]] = buffers[0].view(F32)
+
+    def finalize_tensor(self, name):
+        self.finalized.append(name)
+
+    def transient_bytes(self, name):
+        return 512
+
+
+def test_transformed_local_ops_get_every_produced_tensor_in_its_own_slot():
+    src = {"w": torch.randn(4, 6)}
+    transform = SplitTransform()
+    ops = [
+        op("local", "w", 0, (0, 0), (2, 6), (0, 0), (0, 0)),
+        op("local", "w", 0, (2, 0), (2, 6), (2, 0), (2, 0)),
+    ]
+    stats = execute_plan(plan_of(0, ops), src, {}, Recorder(), transform=transform)
+    assert torch.equal(transform.owned, src["w"])
+    assert transform.seen == [[((2, 6), torch.int32), ((2,), F32)]] * 2
+    assert transform.finalized == ["w"]
+    assert stats.peak_staging_bytes == 512 + 2 * 6 * 4 + 2 * 4
