@@ -15,7 +15,7 @@ import torch
 
 from . import accel
 from .e8m0 import e8m0_to_float
-from .kernels import quantize_columnwise_2d, quantize_rowwise_2d
+from .kernels import quantize_2d
 from .layout import (
     BLOCK,
     box_is_block_aligned,
@@ -140,12 +140,10 @@ def _quantize_box(
         inner = math.prod(full[1:-1])
         b0, b1 = offsets[0] * inner // BLOCK, (offsets[0] + sizes[0]) * inner // BLOCK
         sview = scale[b0:b1, offsets[-1] : offsets[-1] + kw]
-        kernel = quantize_columnwise_2d
     else:
         nb = k_full // BLOCK
         rows_view = scale[:m_full, :nb].view(*full[:-1], nb)
         sview = rows_view[box[:-1] + (slice(offsets[-1] // BLOCK, (offsets[-1] + kw) // BLOCK),)]
-        kernel = quantize_rowwise_2d
     d2, s2 = _merged_2d(dview), _merged_2d(sview)
     d_tmp = d2 is None
     s_tmp = s2 is None
@@ -153,7 +151,7 @@ def _quantize_box(
         d2 = torch.empty(dview.shape, dtype=torch.uint8, device=data.device).view(-1, kw)
     if s_tmp:
         s2 = torch.empty(sview.shape, dtype=torch.uint8, device=data.device).view(-1, sview.shape[-1])
-    kernel(x.reshape(-1, kw), d2, s2)
+    quantize_2d(x.reshape(-1, kw), d2, s2, columnwise=columnwise)
     if d_tmp:
         dview.copy_(d2.view(dview.shape))
     if s_tmp:
