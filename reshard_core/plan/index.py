@@ -55,6 +55,28 @@ class LayoutDims:
             tuple(product(*(range(mesh_shape[m]) for m in dims))) for dims in self.shard_dims
         )
         self.segments = tuple(self._segments(d) for d in range(len(shape)))
+        self.overlap = self._first_overlap()
+        self.gaps = tuple((d, lo, hi) for d in range(len(shape)) for lo, hi in self._gaps(d))
+
+    def _first_overlap(self) -> tuple[int, int, int] | None:
+        """(dim, start, stop) of the first place two segments overlap, or None."""
+        for d, segs in enumerate(self.segments):
+            for k in range(1, len(segs.starts)):
+                if segs.starts[k] < segs.stops[k - 1]:
+                    return d, segs.starts[k], min(segs.stops[k], segs.stops[k - 1])
+        return None
+
+    def _gaps(self, d: int) -> list[tuple[int, int]]:
+        """Index ranges along dim ``d`` no segment holds."""
+        segs, length = self.segments[d], self.shape[d]
+        gaps, pos = [], 0
+        for a, b in zip(segs.starts, segs.stops, strict=True):
+            if a > pos:
+                gaps.append((pos, a))
+            pos = max(pos, b)
+        if pos < length:
+            gaps.append((pos, length))
+        return gaps
 
     def _segments(self, d: int) -> Segments:
         rows = []

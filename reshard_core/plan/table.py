@@ -102,6 +102,7 @@ class TableBuilder:
     def __init__(self) -> None:
         self._meshes: dict[Mesh, Mesh] = {}
         self._layouts: dict[Layout, Layout] = {}
+        self._by_id: dict[int, tuple[Layout, Layout]] = {}  # id(given) -> (given, interned)
         # (side, name) -> meta, {layout: None} (ordered set), {meta: [ranks]}
         self._meta: dict[tuple[str, str], TensorMeta] = {}
         self._held: dict[tuple[str, str], dict[Layout, None]] = {}
@@ -109,11 +110,15 @@ class TableBuilder:
 
     def intern(self, layout: Layout) -> Layout:
         """The table's single object equal to ``layout`` (with an interned mesh)."""
+        seen = self._by_id.get(id(layout))
+        if seen is not None:
+            return seen[1]
         found = self._layouts.get(layout)
         if found is None:
             mesh = self._meshes.setdefault(layout.mesh, layout.mesh)
             found = layout if mesh is layout.mesh else Layout(mesh, layout.placements)
             self._layouts[found] = found
+        self._by_id[id(layout)] = (layout, found)  # holding ``layout`` keeps its id unique
         return found
 
     def add(self, side: str, rank: int, meta: TensorMeta, layout: Layout) -> None:

@@ -32,7 +32,7 @@ from dataclasses import replace
 from ..errors import PlanError
 from .context import context_for
 from .describe import dim_word, format_layout, format_meta, format_ranks, format_region
-from .index import LayoutDims, Segments
+from .index import LayoutDims
 from .table import LayoutTable, TableEntry
 
 MEGATRON_TIED = {"output_layer.weight": "embedding.word_embeddings.weight"}
@@ -85,16 +85,20 @@ def _ranks(layouts) -> list[int]:
 
 def _check(table: LayoutTable) -> None:
     index = context_for(table).index
+    checked: set[int] = set()  # LayoutDims already checked for overlaps (shared by many tensors)
     for e in table.entries:
         _check_sides(e)
-        dims = {}
-        for side in ("src", "dst"):
-            dims[side] = [_layout_dims(index, e, side, lay) for lay in e.layouts(side)]
-        for side in ("src", "dst"):
-            _check_disjoint_meshes(e, side, dims[side])
-            for ld in dims[side]:
-                _check_tiling(e, side, ld)
-        _check_holes(e, dims["src"], dims["dst"])
+        src = [_layout_dims(index, e, "src", lay) for lay in e.src]
+        dst = [_layout_dims(index, e, "dst", lay) for lay in e.dst]
+        for side, dims in (("src", src), ("dst", dst)):
+            if len(dims) > 1:
+                _check_disjoint_meshes(e, side, dims)
+            for ld in dims:
+                if id(ld) not in checked:
+                    _check_tiling(e, side, ld)
+                    checked.add(id(ld))
+        if any(ld.gaps for ld in src) and 0 not in e.meta.shape:
+            _raise_hole(e, src, dst)
 
 
 def _check_sides(e: TableEntry) -> None:
@@ -159,51 +163,28 @@ def _overlap_text(e: TableEntry, a: LayoutDims, b: LayoutDims, rank: int) -> str
 
 
 def _check_tiling(e: TableEntry, side: str, ld: LayoutDims) -> None:
-    for d, segs in enumerate(ld.segments):
-        for k in range(1, len(segs.starts)):
-            if segs.starts[k] < segs.stops[k - 1]:
-                lo, hi = segs.starts[k], min(segs.stops[k], segs.stops[k - 1])
-                ranks = _ranks_holding(ld, d, lo, hi)
-                raise PlanError(
-                    f"{e.name}: {_side_word(side)} {dim_word(d)} [{lo}, {hi}) are held twice within "
-                    f"layout {format_layout(ld.layout)} (ranks {format_ranks(ranks)})"
-                )
+    if ld.overlap is not None:
+        d, lo, hi = ld.overlap
+        raise PlanError(
+            f"{e.name}: {_side_word(side)} {dim_word(d)} [{lo}, {hi}) are held twice within "
+            f"layout {format_layout(ld.layout)} (ranks {format_ranks(_ranks_holding(ld, d, lo, hi))})"
+        )
 
 
-def _gaps(segs: Segments, length: int) -> list[tuple[int, int]]:
-    gaps, pos = [], 0
-    for a, b in zip(segs.starts, segs.stops, strict=True):
-        if a > pos:
-            gaps.append((pos, a))
-        pos = max(pos, b)
-    if pos < length:
-        gaps.append((pos, length))
-    return gaps
-
-
-def _check_holes(e: TableEntry, src: list[LayoutDims], dst: list[LayoutDims]) -> None:
+def _raise_hole(e: TableEntry, src: list[LayoutDims], dst: list[LayoutDims]) -> None:
     """Every source layout must hold the whole tensor (replicas are interchangeable)."""
-    shape = tuple(e.meta.shape)
-    if 0 in shape:
-        return
-    for ld in src:
-        for d, segs in enumerate(ld.segments):
-            for lo, hi in _gaps(segs, shape[d]):
-                ranks = format_ranks(r for dd in dst for r in _ranks_holding(dd, d, lo, hi))
-                if any(o is not ld and not _overlaps_gap(o.segments[d], shape[d], lo, hi) for o in src):
-                    raise PlanError(
-                        f"{e.name}: source layout {format_layout(ld.layout)} does not hold "
-                        f"{dim_word(d)} [{lo}, {hi}) (needed on destination ranks {ranks}); every source "
-                        "layout must hold the whole tensor"
-                    )
-                raise PlanError(
-                    f"{e.name}: destination {dim_word(d)} [{lo}, {hi}) on ranks {ranks} "
-                    "are not held by any source rank"
-                )
-
-
-def _overlaps_gap(segs: Segments, length: int, lo: int, hi: int) -> bool:
-    return any(a < hi and b > lo for a, b in _gaps(segs, length))
+    ld = next(ld for ld in src if ld.gaps)
+    d, lo, hi = ld.gaps[0]
+    ranks = format_ranks(r for dd in dst for r in _ranks_holding(dd, d, lo, hi))
+    if any(o is not ld and not any(g[0] == d and g[1] < hi and g[2] > lo for g in o.gaps) for o in src):
+        raise PlanError(
+            f"{e.name}: source layout {format_layout(ld.layout)} does not hold {dim_word(d)} "
+            f"[{lo}, {hi}) (needed on destination ranks {ranks}); "
+            "every source layout must hold the whole tensor"
+        )
+    raise PlanError(
+        f"{e.name}: destination {dim_word(d)} [{lo}, {hi}) on ranks {ranks} are not held by any source rank"
+    )
 
 
 def _ranks_holding(ld: LayoutDims, d: int, lo: int, hi: int) -> list[int]:

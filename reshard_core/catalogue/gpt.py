@@ -1,0 +1,106 @@
+"""Megatron-Core GPT parameter names and shapes from a model config (local layer spec names).
+
+Covers dense and MoE layers, grouped-query attention (``linear_qkv`` packs Q, K, V per query group,
+so a contiguous TP split by groups is right), optional Q/K layernorm, gated MLPs (``linear_fc1``
+holds [gate; up], TP ``partition_stride=2``), shared experts, the router's fp32 ``expert_bias``,
+and multi-latent attention (``MLASelfAttention`` with the local spec: down/up projections are
+column-parallel, ``linear_proj`` row-parallel).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .shapes import ModelShapes, ShapeEntry
+
+BF16 = torch.bfloat16
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    head_dim: int | None = None  # default hidden // heads
+    qk_norm: bool = False
+    experts: int = 0
+    moe_ffn: int = 0
+    first_dense_layers: int = 0  # layers [0, k) use a dense MLP in a MoE model
+    shared_expert_ffn: int = 0
+    expert_bias: bool = False
+    mla: MLAConfig | None = None
+    tied: bool = False
+
+
+def gpt_shapes(cfg: GPTConfig) -> ModelShapes:
+    """Every weight of a Megatron GPTModel built from ``cfg``, with global names."""
+    h = cfg.hidden
+    out = [ShapeEntry("embedding.word_embeddings.weight", (cfg.vocab, h), BF16, "vocab", -1)]
+    for layer in range(cfg.layers):
+        p = f"decoder.layers.{layer}."
+
+        def add(suffix, shape, kind="replicated", dtype=BF16, expert=None, p=p, layer=layer):
+            out.append(ShapeEntry(p + suffix, shape, dtype, kind, layer, expert))
+
+        add("input_layernorm.weight", (h,))
+        _attention(cfg, add)
+        add("pre_mlp_layernorm.weight", (h,))
+        if cfg.experts and layer >= cfg.first_dense_layers:
+            _moe(cfg, add)
+        else:
+            add("mlp.linear_fc1.weight", (2 * cfg.ffn, h), "strided")
+            add("mlp.linear_fc2.weight", (h, cfg.ffn), "row")
+    out.append(ShapeEntry("decoder.final_layernorm.weight", (h,), BF16, "replicated", cfg.layers))
+    if not cfg.tied:
+        out.append(ShapeEntry("output_layer.weight", (cfg.vocab, h), BF16, "vocab", cfg.layers))
+    return ModelShapes(cfg.name, tuple(out), cfg.layers)
+
+
+def _attention(cfg: GPTConfig, add) -> None:
+    h = cfg.hidden
+    if cfg.mla is not None:
+        m = cfg.mla
+        q_head = m.qk_nope_head_dim + m.qk_rope_head_dim
+        add("self_attention.linear_q_down_proj.weight", (m.q_lora_rank, h), "column")
+        add("self_attention.q_layernorm.weight", (m.q_lora_rank,))
+        add("self_attention.linear_q_up_proj.weight", (cfg.heads * q_head, m.q_lora_rank), "column")
+        add("self_attention.linear_kv_down_proj.weight", (m.kv_lora_rank + m.qk_rope_head_dim, h), "column")
+        add("self_attention.kv_layernorm.weight", (m.kv_lora_rank,))
+        kv_up = cfg.heads * (m.qk_nope_head_dim + m.v_head_dim)
+        add("self_attention.linear_kv_up_proj.weight", (kv_up, m.kv_lora_rank), "column")
+        add("self_attention.linear_proj.weight", (h, cfg.heads * m.v_head_dim), "row")
+        return
+    hd = cfg.head_dim or h // cfg.heads
+    add("self_attention.linear_qkv.weight", ((cfg.heads + 2 * cfg.kv_heads) * hd, h), "column")
+    if cfg.qk_norm:
+        add("self_attention.q_layernorm.weight", (hd,))
+        add("self_attention.k_layernorm.weight", (hd,))
+    add("self_attention.linear_proj.weight", (h, cfg.heads * hd), "row")
+
+
+def _moe(cfg: GPTConfig, add) -> None:
+    h = cfg.hidden
+    add("mlp.router.weight", (cfg.experts, h))
+    if cfg.expert_bias:
+        add("mlp.router.expert_bias", (cfg.experts,), dtype=torch.float32)
+    for e in range(cfg.experts):
+        add(f"mlp.experts.local_experts.{e}.linear_fc1.weight", (2 * cfg.moe_ffn, h), "strided", expert=e)
+        add(f"mlp.experts.local_experts.{e}.linear_fc2.weight", (h, cfg.moe_ffn), "row", expert=e)
+    if cfg.shared_expert_ffn:
+        add("mlp.shared_experts.linear_fc1.weight", (2 * cfg.shared_expert_ffn, h), "strided")
+        add("mlp.shared_experts.linear_fc2.weight", (h, cfg.shared_expert_ffn), "row")

@@ -1,0 +1,126 @@
+"""Model shapes for offline planning: one ``ShapeEntry`` per logical tensor, and JSON loading.
+
+A shape entry carries what the simulator needs to lay the tensor out like Megatron-Core would:
+
+- ``kind``: how tensor parallelism splits it — ``replicated``, ``column`` (dim 0), ``row`` (dim 1),
+  ``strided`` (dim 0, ``partition_stride=2``: gated ``linear_fc1``), ``vocab`` (dim 0 of the
+  embedding / output layer);
+- ``layer``: the global transformer layer, ``-1`` for tensors before the first layer (the
+  embedding, on the first pipeline stage), ``num_layers`` for those after the last (final norm,
+  output layer, on the last stage);
+- ``expert``: the global expert index of a per-expert tensor (expert parallelism splits these),
+  else None.
+
+JSON form: ``{"name": ..., "tensors": [{"name", "shape", "dtype", "kind"?, "layer"?, "expert"?}]}``;
+omitted ``layer``/``expert`` are read from Megatron-style names (``decoder.layers.L.``,
+``experts.local_experts.E.`` or grouped ``experts.linear_fc1.weightE``), ``kind`` defaults to
+``replicated``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+KINDS = ("replicated", "column", "row", "strided", "vocab")
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_EXPERT = re.compile(r"\.experts\.(?:local_experts\.(\d+)\.|.*\.(?:weight|bias)(\d+)$)")
+
+
+@dataclass(frozen=True)
+class ShapeEntry:
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    kind: str = "replicated"
+    layer: int = -1
+    expert: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelShapes:
+    """A model's logical tensors; ``num_layers`` places pre/post tensors on pipeline stages."""
+
+    name: str
+    tensors: tuple[ShapeEntry, ...]
+    num_layers: int
+
+    @property
+    def num_experts(self) -> int:
+        experts = [t.expert for t in self.tensors if t.expert is not None]
+        return max(experts) + 1 if experts else 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(_numel(t.shape) * t.dtype.itemsize for t in self.tensors)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def infer_layer(name: str, num_layers: int) -> int:
+    """Global layer from a Megatron-style name; -1 before the layers (embeddings), else after."""
+    m = _LAYER.search(name)
+    if m:
+        return int(m.group(1))
+    return -1 if name.startswith("embedding") else num_layers
+
+
+def infer_expert(name: str) -> int | None:
+    m = _EXPERT.search(name)
+    if not m:
+        return None
+    return int(m.group(1) if m.group(1) is not None else m.group(2))
+
+
+def load_json(path: str | Path) -> ModelShapes:
+    """Read a JSON shape file (see module docstring); ``ValueError`` names the bad entry."""
+    data = json.loads(Path(path).read_text())
+    raw = data["tensors"] if isinstance(data, dict) else data
+    layers = [infer_layer(t["name"], 0) if "layer" not in t else t["layer"] for t in raw]
+    num_layers = int(data.get("num_layers", 0)) if isinstance(data, dict) else 0
+    num_layers = max([num_layers, *(x + 1 for x in layers if x >= 0)])
+    tensors = []
+    for t in raw:
+        name = t["name"]
+        kind = t.get("kind", "replicated")
+        if kind not in KINDS:
+            raise ValueError(f"{name}: kind {kind!r} is not one of {', '.join(KINDS)}")
+        dtype = getattr(torch, str(t.get("dtype", "bfloat16")).removeprefix("torch."), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"{name}: unknown dtype {t.get('dtype')!r}")
+        layer = t["layer"] if "layer" in t else infer_layer(name, num_layers)
+        expert = t["expert"] if "expert" in t else infer_expert(name)
+        tensors.append(ShapeEntry(name, tuple(int(s) for s in t["shape"]), dtype, kind, layer, expert))
+    name = data.get("name", Path(path).stem) if isinstance(data, dict) else Path(path).stem
+    return ModelShapes(name, tuple(tensors), num_layers)
+
+
+def dump_json(model: ModelShapes) -> str:
+    """The JSON form of ``model`` (round-trips through ``load_json``)."""
+    return json.dumps(
+        {
+            "name": model.name,
+            "num_layers": model.num_layers,
+            "tensors": [
+                {
+                    "name": t.name,
+                    "shape": list(t.shape),
+                    "dtype": str(t.dtype).removeprefix("torch."),
+                    "kind": t.kind,
+                    "layer": t.layer,
+                    **({"expert": t.expert} if t.expert is not None else {}),
+                }
+                for t in model.tensors
+            ],
+        },
+        indent=1,
+    )
