@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from reshard_nvshmem.exchange import (
     LocalRun,
@@ -71,6 +73,15 @@ def _world_checks(rank: int, world: int) -> dict:
         book.schedule_for(run)
     except TransportError as exc:
         out["bad_recv"] = str(exc)
+
+    lonely = dist.new_group([0, 1])  # its gather is left pending: used last, by rank 0 only
+    if rank == 0:
+        start = time.monotonic()
+        try:
+            RunSchedules(lonely, CFG).schedule_for(LocalRun((), ((1, 16),)), timeout=0.5)
+        except TransportError as exc:
+            out["absent_peer"] = (str(exc), time.monotonic() - start)
+    dist.barrier()  # ranks 1 and 2 stay until rank 0 gave up
     return out
 
 
@@ -118,6 +129,12 @@ def test_mismatched_receive_names_both_ranks(world_results: list[dict]) -> None:
     assert world_results[2]["bad_recv"] == (
         "rank 0 sends rank 2 messages of [7] bytes, but rank 2 posted receives of [99] bytes"
     )
+
+
+def test_a_peer_that_never_joins_is_named_within_the_timeout(world_results: list[dict]) -> None:
+    text, waited = world_results[0]["absent_peer"]
+    assert text == "rank 1 did not join this run's nvshmem schedule exchange in time"
+    assert waited < 30  # a hang guard, not a speed assertion
 
 
 def test_check_receives_accepts_a_match() -> None:

@@ -74,6 +74,20 @@ def test_constructing_without_cuda_raises_the_reason() -> None:
     assert str(info.value) == "transport 'nvshmem' is unavailable: CUDA is not available"
 
 
+def test_without_a_process_group_nvshmem_cannot_be_initialised(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("this process already has a process group")
+    monkeypatch.setattr(NvshmemCopyService, "unavailable_reason", classmethod(lambda cls: None))
+    with pytest.raises(TransportError) as info:
+        NvshmemCopyService()
+    assert str(info.value) == (
+        "NVSHMEM is not initialised: torch.distributed has no process group to bootstrap it from "
+        "(call torch.distributed.init_process_group first)"
+    )
+
+
 def test_bad_staging_configuration_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(TransportError) as info:
         NvshmemCopyService(slots=0)
@@ -113,16 +127,11 @@ def test_cli_listing_shows_why(fresh_plugin_manager: None, capsys: pytest.Captur
     assert (entry["status"], entry["reason"]) == ("unavailable", "CUDA is not available")
 
 
-def test_split_messages_keys_by_peer_and_order_and_copies_local_pairs() -> None:
+def test_split_messages_keys_by_peer_and_order() -> None:
     a, b, c = torch.arange(4, dtype=torch.int32), torch.ones(3, dtype=torch.bfloat16), torch.arange(5.0)
-    mine = torch.zeros(5)
     r1, r2 = torch.empty(2, dtype=torch.int64), torch.empty(6, dtype=torch.uint8)
-    to_group = {10: 0, 11: 1, 12: 2}.__getitem__  # global -> group rank
-    queued_sends, queued_recvs = [(a, 12), (b, 12), (c, 11)], [(r1, 10), (mine, 11), (r2, 10)]
-    sends, recvs, run = split_messages(queued_sends, queued_recvs, 1, to_group)
-    assert run == LocalRun(sends=((2, 16), (2, 6)), recvs=((0, 16), (0, 6)))
-    assert sorted(sends) == [(2, 0), (2, 1)] and sorted(recvs) == [(0, 0), (0, 1)]
+    sends, recvs, run = split_messages([(a, 2), (c, 1), (b, 2)], [(r1, 0), (r2, 0)])
+    assert run == LocalRun(sends=((2, 16), (1, 20), (2, 6)), recvs=((0, 16), (0, 6)))
+    assert sorted(sends) == [(1, 0), (2, 0), (2, 1)] and sorted(recvs) == [(0, 0), (0, 1)]
     assert sends[(2, 0)].data_ptr() == a.data_ptr() and sends[(2, 1)].dtype == torch.uint8
-    assert torch.equal(mine, c)  # the pair a rank sends itself is copied at once
-    with pytest.raises(TransportError, match=r"sends itself messages of \[20\] bytes but receives \[\]"):
-        split_messages([(c, 11)], [], 1, to_group)
+    assert recvs[(0, 1)].data_ptr() == r2.data_ptr() and recvs[(0, 0)].numel() == 16

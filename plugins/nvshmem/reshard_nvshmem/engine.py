@@ -6,12 +6,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import torch
-
-from reshard_core.errors import TransportError
 
 from .exchange import LocalRun
 from .slots import RankProgram
@@ -47,32 +45,19 @@ def byte_view(tensor: torch.Tensor) -> torch.Tensor:
     return flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)
 
 
-def split_messages(
-    sends: Queue, recvs: Queue, me: int, to_group: Callable[[int], int]
-) -> tuple[Views, Views, LocalRun]:
-    """Key a run's submitted ``(tensor, global peer)`` queues by ``(peer group rank, order)`` as
-    flat byte views, and copy the pairs a rank sends itself right away (n-th send to n-th receive).
-    """
+def split_messages(sends: Queue, recvs: Queue) -> tuple[Views, Views, LocalRun]:
+    """Key a run's submitted ``(tensor, peer group rank)`` queues by ``(peer, order)`` as flat byte
+    views (the n-th message to a peer has order n), and describe the run for the exchange."""
     views: tuple[Views, Views] = ({}, {})
-    remote: tuple[list[tuple[int, int]], list[tuple[int, int]]] = ([], [])
-    local: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
+    sizes: tuple[list[tuple[int, int]], list[tuple[int, int]]] = ([], [])
     for side, queue in enumerate((sends, recvs)):
         orders: dict[int, int] = {}
         for tensor, peer in queue:
-            g = to_group(peer)
-            if g == me:
-                local[side].append(byte_view(tensor))
-                continue
             view = byte_view(tensor)
-            views[side][(g, orders.get(g, 0))] = view
-            orders[g] = orders.get(g, 0) + 1
-            remote[side].append((g, view.numel()))
-    sizes = [[t.numel() for t in side] for side in local]
-    if sizes[0] != sizes[1]:
-        raise TransportError(f"a rank sends itself messages of {sizes[0]} bytes but receives {sizes[1]}")
-    for src, dst in zip(*local, strict=True):
-        dst.copy_(src)
-    return views[0], views[1], LocalRun(tuple(remote[0]), tuple(remote[1]))
+            views[side][(peer, orders.get(peer, 0))] = view
+            orders[peer] = orders.get(peer, 0) + 1
+            sizes[side].append((peer, view.numel()))
+    return views[0], views[1], LocalRun(tuple(sizes[0]), tuple(sizes[1]))
 
 
 def enqueue(

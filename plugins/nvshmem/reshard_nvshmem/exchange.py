@@ -12,11 +12,13 @@ refits of that plan gather nothing. Without a plan key every run gathers (always
 whose messages differ from the ones cached for ``(key, n)`` raises instead of guessing.
 
 Every rank of the group calls ``run()`` once per batch, also with nothing queued, because the
-gather and NVSHMEM's own set-up are collective.
+gather is collective. A gather that a peer never joins fails after the transport's timeout with a
+``TransportError`` naming the peers this rank exchanges with in that run.
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -63,13 +65,42 @@ def broadcast_bytes(payload: bytes | None, nbytes: int, group: dist.ProcessGroup
     return bytes(buf.cpu().numpy().tobytes())
 
 
-def all_gather_sends(sends: Sequence[tuple[int, int]], group: dist.ProcessGroup | None) -> list[Message]:
-    """The run's global message list from every rank's ``(dst group rank, nbytes)`` sends, in order."""
+def ranks_text(ranks: Sequence[int]) -> str:
+    """``rank 3`` / ``ranks 1, 4`` / ``a rank`` (for error messages)."""
+    if not ranks:
+        return "a rank"
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+
+
+def _all_gather(rows: list[torch.Tensor], mine: torch.Tensor, group, deadline: float, suspects: str) -> None:
+    try:
+        work = dist.all_gather(rows, mine, group=group, async_op=True)
+        while not work.is_completed():
+            if time.monotonic() > deadline:
+                raise TransportError(f"{suspects} did not join this run's nvshmem schedule exchange in time")
+            time.sleep(0.0002)
+        work.wait()
+    except RuntimeError as exc:  # a peer died or the group broke mid-gather
+        text = " ".join(str(exc).split())
+        raise TransportError(f"nvshmem schedule exchange with {suspects} failed: {text}") from exc
+
+
+def all_gather_sends(
+    sends: Sequence[tuple[int, int]],
+    group: dist.ProcessGroup | None,
+    timeout: float | None = None,
+    suspects: str = "a rank",
+) -> list[Message]:
+    """The run's global message list from every rank's ``(dst group rank, nbytes)`` sends, in order.
+
+    Raises ``TransportError`` naming ``suspects`` (the peers this rank exchanges with) when the
+    gather does not complete within ``timeout`` seconds; the group is unusable afterwards."""
     device = collective_device(group)
     size = dist.get_world_size(group)
+    deadline = time.monotonic() + (timeout if timeout is not None else float("inf"))
     count = torch.tensor([len(sends)], dtype=torch.int64, device=device)
     counts = [torch.empty_like(count) for _ in range(size)]
-    dist.all_gather(counts, count, group=group)
+    _all_gather(counts, count, group, deadline, suspects)
     width = max(int(c.item()) for c in counts)
     if width == 0:
         return []
@@ -78,7 +109,7 @@ def all_gather_sends(sends: Sequence[tuple[int, int]], group: dist.ProcessGroup 
         mine[: len(sends)] = torch.tensor(sends, dtype=torch.int64)
     mine = mine.to(device)
     rows = [torch.empty_like(mine) for _ in range(size)]
-    dist.all_gather(rows, mine, group=group)
+    _all_gather(rows, mine, group, deadline, suspects)
     messages = []
     for src, (n, table) in enumerate(zip(counts, rows, strict=True)):
         orders: dict[int, int] = {}
@@ -133,8 +164,8 @@ class RunSchedules:
         """Runs from now on belong to plan ``key`` (call on every rank, before each refit)."""
         self._plan, self._index = key, 0
 
-    def schedule_for(self, run: LocalRun) -> Schedule:
-        """This run's schedule (collective unless cached for the bound plan)."""
+    def schedule_for(self, run: LocalRun, timeout: float | None = None) -> Schedule:
+        """This run's schedule (collective unless cached for the bound plan; ``timeout`` seconds)."""
         slot = (self._plan, self._index)
         self._index += 1
         if self._plan is not None and slot in self._cache:
@@ -145,7 +176,8 @@ class RunSchedules:
                     "messages than when the plan was first run; bind a new plan key"
                 )
             return schedule
-        messages = all_gather_sends(run.sends, self.group)
+        peers = sorted({self.ranks[g] for g, _ in (*run.sends, *run.recvs)})
+        messages = all_gather_sends(run.sends, self.group, timeout, ranks_text(peers))
         self.gathers += 1
         check_receives(messages, self.me, run, self.ranks)
         try:
