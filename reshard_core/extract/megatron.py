@@ -169,11 +169,12 @@ def _canonical_name(
     context: ExtractContext,
 ) -> str:
     """Global layer and expert indices in place of stage/EP-local ones, wrapper parts dropped."""
-    parts = qualname.split(".")
+    local = qualname.split(".")
+    parts = list(local)
     if is_expert or hasattr(owner, "num_local_experts"):
         _globalize_expert(qualname, parts, owner, info, pgs, context)
     for i in range(len(parts) - 1, 0, -1):
-        mapped = info.layer_map.get(".".join(qualname.split(".")[:i]))
+        mapped = info.layer_map.get(".".join(local[:i]))
         if mapped is not None:
             parts[i - 1] = mapped.rsplit(".", 1)[-1]
             break
@@ -190,8 +191,13 @@ def _globalize_expert(qualname, parts, owner, info, pgs, context) -> None:
                 f"use SequentialMLP or Transformer Engine grouped-GEMM experts"
             )
         grouped = None
-    ep = _group(pgs, "ep")
-    ep_rank = context.group_ranks(ep).index(context.rank) if ep is not None else 0
+    group = _group(pgs, "ep")
+    ep = context.group_ranks(group) if group is not None else (context.rank,)
+    if context.rank not in ep:
+        raise ExtractError(
+            f"tensor '{qualname}': rank {context.rank} is not in its expert-parallel group {ep}"
+        )
+    ep_rank = ep.index(context.rank)
     if "local_experts" in parts:
         k = len(parts) - 1 - parts[::-1].index("local_experts")
         if k + 1 < len(parts) and parts[k + 1].isdigit():

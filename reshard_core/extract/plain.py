@@ -121,8 +121,13 @@ def _check_local_shape(name: str, local, shape, layout: Layout, rank: int) -> No
 
 
 def is_plain(tensor: torch.Tensor) -> bool:
-    """True for ``torch.Tensor``/``nn.Parameter`` (and subclasses that do not override dispatch)."""
+    """True for ``torch.Tensor``/``nn.Parameter`` (and subclasses that do not override dispatch).
+
+    Lazy (uninitialised) params and FSDP1 ``FlatParameter`` (a flat shard of many params) are not.
+    """
     if isinstance(tensor, torch.nn.parameter.UninitializedTensorMixin):
+        return False
+    if type(tensor).__name__ == "FlatParameter":
         return False
     return getattr(type(tensor), "__torch_dispatch__", None) is torch._C._disabled_torch_dispatch_impl
 

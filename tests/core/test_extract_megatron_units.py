@@ -192,3 +192,23 @@ def test_tp_attributes_without_any_groups_is_an_error(monkeypatch):
         "tensor 'weight' has Megatron tensor-parallel attributes but no module above it has a "
         "pg_collection and megatron.core.parallel_state is not initialised"
     )
+
+
+def test_a_declaration_wins_over_megatron_attributes():
+    from reshard_core.extract import declare_layout
+
+    model, ctx = make(5, 8, ROSTERS)
+    declare_layout(model.qkv.weight, dim=0, ranks=[0, 5], name="engine.qkv")  # this process is rank 0
+    got = {s.meta.name: s.layout for s in extract_specs(model, "src", context=ctx)}
+    assert got["engine.qkv"] == Layout(Mesh((0, 5), (2,)), (Shard(0),))
+    assert "qkv.weight" not in got
+
+
+def test_rank_outside_its_expert_group_is_an_error():
+    model, ctx = make(5, 8, dict(ROSTERS, ep=(3, 4)))
+    with pytest.raises(ExtractError) as info:
+        extract_specs(model, "src", context=ctx)
+    assert str(info.value) == (
+        "tensor 'decoder.layers.0.experts.linear_fc1.weight0': rank 5 is not in its "
+        "expert-parallel group (3, 4)"
+    )

@@ -294,3 +294,17 @@ def test_declarations_on_two_ranks():
         "which gives (17, 4)"
     )
     assert results[1]["error"] is None
+
+
+def test_fsdp1_flat_parameters_are_not_taken_for_plain_tensors():
+    class FlatParameter(nn.Parameter):  # FSDP1's flat shard of many params, matched by type name
+        pass
+
+    net = nn.Module()
+    net._flat_param = FlatParameter(torch.zeros(6))
+    with pytest.raises(ExtractError) as info:
+        extract_specs(net, "src")
+    assert str(info.value) == (
+        "no extractor claimed src tensor '_flat_param' of type FlatParameter; install a plugin "
+        "for it or declare its layout with reshard_core.declare_layout"
+    )
