@@ -1,9 +1,12 @@
-"""Schedule agreement and the unique-id broadcast over a real Gloo world (3 processes, loopback)."""
+"""Over a real Gloo world (3 processes, loopback): schedule agreement, the unique-id broadcast, and
+the NVSHMEM bootstrap bookkeeping driven through a stand-in for ``nvshmem.core`` (no GPU here)."""
 
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from reshard_nvshmem.exchange import (
     LocalRun,
@@ -19,6 +22,71 @@ from reshard_core.errors import TransportError
 from reshard_core.testing.world import run_world
 
 CFG = StagingConfig(slot_bytes=1024, slots=2, align=16, min_piece=1)
+UID_DTYPE = [("version", "<i4"), ("internal", "u1", (124,))]
+
+
+class FakeNvshmem:
+    """Stand-in for ``nvshmem.core``: records bootstrap calls; the unique id is a numpy record like
+    nvshmem4py's (``_data``), filled with a recognisable pattern on rank 0 only."""
+
+    def __init__(self, rank: int, preinit: tuple[int, int] | None = None):
+        self.rank, self.calls = rank, []
+        self.status = "STATUS_IS_INITIALIZED" if preinit else "STATUS_NOT_INITIALIZED"
+        self.pe = preinit
+
+    def get_version(self) -> str:
+        return "fake"
+
+    def init_status(self):
+        return SimpleNamespace(name=self.status)
+
+    def get_unique_id(self, empty: bool = False):
+        data = np.zeros(1, dtype=UID_DTYPE).view(np.recarray)
+        if not empty:
+            data.version[0], data.internal[0] = 7, np.arange(124, dtype=np.uint8)
+        return SimpleNamespace(_data=data)
+
+    def init(self, device, uid, rank, nranks, initializer_method) -> None:
+        raw = np.asarray(uid._data).view(np.uint8)
+        self.calls.append(("init", raw.tobytes(), rank, nranks, initializer_method))
+        self.status, self.pe = "STATUS_IS_INITIALIZED", (rank, nranks)
+
+    def finalize(self) -> None:
+        self.calls.append(("finalize",))
+        self.status = "STATUS_NOT_INITIALIZED"
+
+    def my_pe(self) -> int:
+        return self.pe[0]
+
+    def n_pes(self) -> int:
+        return self.pe[1]
+
+
+def _bootstrap_checks(rank: int, world: int) -> dict:
+    import torch
+    from reshard_nvshmem import symmetric
+
+    torch.cuda.current_device = lambda: 0  # no GPU here: the device is only handed to init
+    device = SimpleNamespace(set_current=lambda: None)
+    symmetric._cuda_core = lambda: SimpleNamespace(Device=lambda index: device)
+    runtime = symmetric.NvshmemRuntime
+    nv = FakeNvshmem(rank)
+    runtime.acquire(nv, None)  # bootstraps: uid from rank 0, broadcast as bytes
+    runtime.acquire(nv, None)  # a second service shares it
+    runtime.release(nv)
+    after_one_release = list(nv.calls)
+    runtime.release(nv)  # the last user finalizes
+    out = {"bootstrap": after_one_release, "all": nv.calls}
+
+    app = FakeNvshmem(rank, preinit=(rank, world))  # the application initialised NVSHMEM itself
+    runtime.acquire(app, None)
+    runtime.release(app)
+    out["app_owned"] = app.calls
+    try:
+        runtime.acquire(FakeNvshmem(rank, preinit=((rank + 1) % world, world)), None)
+    except TransportError as exc:
+        out["wrong_pe"] = str(exc)
+    return out
 
 
 def ring_run(rank: int, world: int, scale: int = 1) -> LocalRun:
@@ -85,9 +153,29 @@ def _world_checks(rank: int, world: int) -> dict:
     return out
 
 
+def _all_checks(rank: int, world: int) -> dict:
+    return {**_bootstrap_checks(rank, world), **_world_checks(rank, world)}
+
+
 @pytest.fixture(scope="module")
 def world_results() -> list[dict]:
-    return run_world(_world_checks, 3, timeout=120)
+    return run_world(_all_checks, 3, timeout=120)
+
+
+def test_bootstrap_broadcasts_rank0s_unique_id_and_finalizes_with_the_last_user(world_results) -> None:
+    uid = bytes(np.array([(7, np.arange(124))], dtype=UID_DTYPE).view(np.uint8))
+    for rank, r in enumerate(world_results):
+        assert r["bootstrap"] == [("init", uid, rank, 3, "uid")]  # once, for two services
+        assert r["all"] == [("init", uid, rank, 3, "uid"), ("finalize",)]
+
+
+def test_bootstrap_reuses_an_application_initialised_nvshmem(world_results) -> None:
+    for rank, r in enumerate(world_results):
+        assert r["app_owned"] == []  # neither initialised nor finalized by us
+        assert r["wrong_pe"] == (
+            f"NVSHMEM was initialised elsewhere as PE {(rank + 1) % 3} of 3, but this rank is {rank} of 3 "
+            "in the transport's group"
+        )
 
 
 def test_unique_id_bytes_reach_every_rank(world_results: list[dict]) -> None:

@@ -52,6 +52,10 @@ class _StreamRef:
     def __cuda_stream__(self) -> tuple[int, int]:
         return (0, self.stream.cuda_stream)
 
+    @property
+    def handle(self) -> int:
+        return self.stream.cuda_stream
+
 
 class NvshmemRuntime:
     """Process-wide NVSHMEM bootstrap shared by every service (NVSHMEM has one PE set per process)."""
@@ -89,8 +93,13 @@ class NvshmemRuntime:
 
 
 def _is_initialised(nv: Any) -> bool:
-    status = nv.init_status()
-    return status.name not in ("STATUS_NOT_INITIALIZED", "STATUS_IS_BOOTSTRAPPED", "STATUS_INVALID")
+    """Whether the application already initialised NVSHMEM in this process."""
+    try:
+        nv.get_version()  # loads the host library, which the status query needs
+        status = nv.init_status()
+    except Exception:
+        return False
+    return getattr(status, "name", None) in ("STATUS_IS_INITIALIZED", "STATUS_LIMITED_MPG", "STATUS_FULL_MPG")
 
 
 def _init_from_group(nv: Any, group: dist.ProcessGroup | None, rank: int, size: int) -> None:
