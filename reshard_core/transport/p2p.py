@@ -5,10 +5,12 @@ Ops are queued by ``submit_send``/``submit_recv`` and issued together by ``start
 The split lets the executor pack the next batch while this one is on the wire.
 
 Pairing is by submission order: the n-th send from A to B in a round matches the n-th receive on B
-from A. Every tensor travels as its raw bytes (``view(torch.uint8)``), so any dtype, float8
-included, arrives bit for bit. Ranks are global ranks; ``group`` (default: the world) limits who may
-be a peer. When ``group``'s backend is not the one the transport needs, the transport builds its own
-group over the same ranks with ``dist.new_group``, which every rank of the world must do together.
+from A (zero-byte ops are skipped on both sides). Sizes must agree: Gloo kills a process that
+receives more bytes than its buffer holds. Every tensor travels as its raw bytes
+(``view(torch.uint8)``), so any dtype, float8 included, arrives bit for bit. Ranks are global ranks;
+``group`` (default: the world) limits who may be a peer. When ``group``'s backend is not the one the
+transport needs, the transport builds its own group over the same ranks with ``dist.new_group``,
+which every rank of the world must do together.
 
 Failure: a round that does not finish within ``timeout`` seconds, or whose peer vanished, raises
 ``TransportError`` naming the failed op (direction, peer rank, task id, bytes) and every other
@@ -174,8 +176,8 @@ class P2PCopyService(CopyService):
         """Issue every queued op without waiting; the queue is empty afterwards."""
         if self._closed:
             raise TransportError(f"{self.name}: run() after close()")
-        ops, self._queue = self._queue, []
-        if not ops:
+        ops, self._queue = [op for op in self._queue if op.tensor.nbytes], []
+        if not ops:  # zero-byte ops complete at once on both sides, without the backend
             return InFlight(self, [], [])
         try:
             issued = self._issue(ops)
