@@ -49,7 +49,7 @@ def plan_tensor(entry: TableEntry, rank: int, context: PlanContext) -> list[Tran
         keyed.append((rank, _receiver_ops(entry.name, src, dst, rank, me_dst, salt, None)))
     me_src = src.member(rank)
     if me_src is not None:
-        for q, place in _receivers_of(src, dst, shape, me_src):
+        for q, place in _receivers_of(src, dst, shape, me_src, salt):
             if q != rank:
                 keyed.append((q, _receiver_ops(entry.name, src, dst, q, place, salt, (rank, me_src))))
     keyed.sort(key=lambda kv: kv[0])
@@ -57,13 +57,22 @@ def plan_tensor(entry: TableEntry, rank: int, context: PlanContext) -> list[Tran
 
 
 def _receivers_of(
-    src: SideIndex, dst: SideIndex, shape: tuple[int, ...], me: tuple[int, tuple[int, ...]]
+    src: SideIndex, dst: SideIndex, shape: tuple[int, ...], me: tuple[int, tuple[int, ...]], salt: int
 ) -> list[tuple[int, tuple[int, tuple[int, ...]]]]:
-    """Destination ranks whose holding overlaps the sender's, as (rank, (layout index, coord))."""
+    """Destination ranks that may take remote pieces from the sender, as (rank, (layout, coord)).
+
+    Those overlap the sender's holding (bisect per dim) and have a replica number ``rho`` with
+    ``(rho + salt) % S`` equal to the sender's, so only that progression of replicas is visited.
+    """
     sd = src.dims[me[0]]
     held = sd.layout.dim_intervals_at(shape, me[1])
+    mine = src.offsets[me[0]] + sd.split_coord(me[1])[1]
     found: dict[int, tuple[int, tuple[int, ...]]] = {}
     for k, dd in enumerate(dst.dims):
+        first = (mine - salt - dst.offsets[k]) % src.total
+        reps = range(first, dd.rep_size, src.total)
+        if not reps:
+            continue
         per_dim = []
         for d, segs in enumerate(dd.segments):
             subs = sorted({segs.subs[i] for a, b in held[d] if b > a for i in segs.overlapping(a, b)})
@@ -72,7 +81,7 @@ def _receivers_of(
             per_dim.append(subs)
         else:
             for subs in product(*per_dim):
-                for j in range(dd.rep_size):
+                for j in reps:
                     coord = dd.coord_of(subs, j)
                     found.setdefault(dd.layout.mesh.rank_at(coord), (k, coord))
     return sorted(found.items())
@@ -91,16 +100,16 @@ def _receiver_ops(
     dd: LayoutDims = dst.dims[place[0]]
     _, rep = dd.split_coord(place[1])
     rho = dst.offsets[place[0]] + rep
-    mine = src.member(q)
-    mine_subs = src.dims[mine[0]].split_coord(mine[1])[0] if mine is not None else None
     t_remote = (rho + salt) % src.total
-    i_remote = max(i for i, off in enumerate(src.offsets) if off <= t_remote)
-    j_remote = t_remote - src.offsets[i_remote]
     if sender is not None:
         s_rank, (i_s, coord_s) = sender
         subs_s, rep_s = src.dims[i_s].split_coord(coord_s)
         if src.offsets[i_s] + rep_s != t_remote:
             return []  # this receiver's remote pieces come from another replica
+    i_remote = max(i for i, off in enumerate(src.offsets) if off <= t_remote)
+    j_remote = t_remote - src.offsets[i_remote]
+    mine = src.member(q)
+    mine_subs = src.dims[mine[0]].split_coord(mine[1])[0] if mine is not None else None
     refined = src.refined
     merger = _Merger()
     intervals = dd.layout.dim_intervals_at(dd.shape, place[1])

@@ -1,0 +1,173 @@
+"""``reshard plan``: simulate a refit's plan offline, in one process, and report per-rank costs.
+
+Exit codes: 0 valid plan, 1 invalid plan or a planning error, 2 bad arguments (layout string,
+model, byte size).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ..catalogue import get_model, model_names
+from ..errors import ReshardError
+from ..simulate.parallel import parse_parallel
+from ..simulate.run import SimulationReport, simulate
+from .output import EXIT_FAILURE, EXIT_USAGE, console, print_error, print_json
+
+FULL_PLAN_LIMIT = 256
+"""Plan every rank up to this many; beyond it, a sample plus the busiest candidates."""
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def parse_bytes(text: str) -> int:
+    """``"64MiB"``, ``"1.5GB"``, ``"4096"`` → bytes; ``ValueError`` otherwise."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"bad byte size {text!r}: use e.g. 4096, 64MiB or 1GB")
+    value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if value <= 0:
+        raise ValueError(f"bad byte size {text!r}: must be positive")
+    return value
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1000
+    return f"{n}"
+
+
+def plan_command(
+    model: Annotated[
+        str, typer.Option(help=f"Catalogue model ({', '.join(model_names())}) or a JSON shape file.")
+    ],
+    src: Annotated[str, typer.Option(help="Source layout, e.g. tp=8,pp=4,ep=8,etp=1,dp=2 or fsdp=64.")],
+    dst: Annotated[str, typer.Option(help="Destination layout, same form.")],
+    dst_offset: Annotated[
+        int, typer.Option(help="First destination rank (0 = colocated with the source).")
+    ] = 0,
+    max_batch_bytes: Annotated[str | None, typer.Option(help="Staging budget per batch, e.g. 1GiB.")] = None,
+    sample: Annotated[
+        int | None,
+        typer.Option(help=f"Plan N spread ranks plus the busiest (default: all up to {FULL_PLAN_LIMIT})."),
+    ] = None,
+    all_ranks: Annotated[bool, typer.Option("--all-ranks", help="Plan every rank, however many.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
+) -> None:
+    """Plan a refit offline: per-rank bytes, messages, plan time, metadata size, validity."""
+    try:
+        shapes = get_model(model)
+        src_par, dst_par = parse_parallel(src), parse_parallel(dst)
+        budget = parse_bytes(max_batch_bytes) if max_batch_bytes is not None else None
+        if dst_offset < 0:
+            raise ValueError(f"bad --dst-offset {dst_offset}: must be >= 0")
+    except (ValueError, OSError, KeyError) as exc:
+        print_error(exc)
+        raise typer.Exit(EXIT_USAGE) from None
+    world = max(src_par.world, dst_offset + dst_par.world)
+    if all_ranks or (sample is None and world <= FULL_PLAN_LIMIT) or (sample is not None and sample >= world):
+        sample = None
+    elif sample is None:
+        sample = 64
+    try:
+        with _progress(quiet=(sample or world) < 16) as bar:
+            task = bar.add_task("planning ranks", total=None)
+            report = simulate(
+                shapes,
+                src_par,
+                dst_par,
+                dst_offset=dst_offset,
+                max_batch_bytes=budget,
+                sample=sample,
+                progress=lambda done, total: bar.update(task, completed=done, total=total),
+            )
+    except ValueError as exc:
+        print_error(exc)
+        raise typer.Exit(EXIT_USAGE) from None
+    except ReshardError as exc:
+        print_error(exc)
+        raise typer.Exit(EXIT_FAILURE) from None
+    if as_json:
+        print_json(report.to_dict())
+    else:
+        _print(report)
+    if not report.valid:
+        if not as_json:
+            print_error(ReshardError("plan is not valid: " + "; ".join(report.problems[:3])))
+        raise typer.Exit(EXIT_FAILURE)
+
+
+def _progress(quiet: bool) -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(file=sys.stderr),
+        transient=True,
+        disable=quiet,
+    )
+
+
+def _print(report: SimulationReport) -> None:
+    out = console()
+    totals = report.totals()
+    moved = totals["bytes_remote_total"] + totals["bytes_local_total"]
+    local_share = totals["bytes_local_total"] / moved if moved else 0.0
+    summary = Table(
+        title=f"reshard plan: {report.model}  {report.src} → {report.dst}",
+        box=box.SIMPLE_HEAD,
+        show_header=False,
+    )
+    summary.add_column("what")
+    summary.add_column("value", justify="right")
+    remote, local = human(totals["bytes_remote_total"]), human(totals["bytes_local_total"])
+    rows = [
+        ("ranks (planned)", f"{report.ranks} ({len(report.planned)})"),
+        ("tensors / model bytes", f"{report.tensors} / {human(report.model_bytes)}"),
+        (
+            "metadata per rank (exact / padded)",
+            f"{human(report.metadata_bytes)} / {human(report.metadata_bytes_padded)}",
+        ),
+        ("plan s per rank (max / mean)", f"{report.plan_seconds_max:.3f} / {report.plan_seconds_mean:.3f}"),
+        ("bytes remote / local", f"{remote} / {local} ({local_share:.0%} local)"),
+        ("messages (per peer per batch)", f"{totals['messages_total']}"),
+        ("send/receive pairs checked", f"{report.pairs_checked}"),
+        ("valid", "yes" if report.valid else "NO"),
+    ]
+    for row in rows:
+        summary.add_row(*row)
+    out.print(summary)
+    per_rank = Table(title="per rank (busiest first)", box=box.SIMPLE_HEAD)
+    for col in ("rank", "sent", "received", "local", "msgs out", "msgs in", "ops", "plan s"):
+        per_rank.add_column(col, justify="right")
+    shown = sorted(report.planned, key=lambda s: -(s.bytes_sent + s.bytes_received + s.bytes_local))[:16]
+    for s in shown:
+        per_rank.add_row(
+            str(s.rank),
+            human(s.bytes_sent),
+            human(s.bytes_received),
+            human(s.bytes_local),
+            str(s.messages_sent),
+            str(s.messages_received),
+            str(s.ops),
+            f"{s.plan_seconds:.3f}",
+        )
+    out.print(per_rank)
+    if len(report.planned) > len(shown):
+        out.print(f"({len(report.planned) - len(shown)} more ranks; --json lists all)")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``reshard plan`` to ``app``."""
+    app.command("plan")(plan_command)
