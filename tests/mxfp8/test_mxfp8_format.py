@@ -171,6 +171,14 @@ def test_bad_inputs_raise_clear_errors() -> None:
         mx.dequantize(data.float(), scale)
 
 
+def test_parameter_input_needs_no_grad_context() -> None:
+    w = torch.nn.Parameter(random_tensor((64, 64), torch.float32, seed=8))
+    data, scale = mx.quantize(w)
+    assert not data.requires_grad and torch.equal(data, mx.quantize(w.detach())[0])
+    assert not mx.dequantize(data, scale).requires_grad
+    mx.quantize_into(w, data, scale)
+
+
 def test_empty_tensor() -> None:
     data, scale = mx.quantize(torch.zeros(0, 64))
     assert data.shape == (0, 64) and tuple(scale.shape) == (0, 4)

@@ -41,6 +41,7 @@ def empty_quantized(
     return data, scale
 
 
+@torch.no_grad()
 def quantize(
     x: torch.Tensor, *, columnwise: bool = False, backend: str = "auto"
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,6 +61,7 @@ def quantize(
     return data, scale
 
 
+@torch.no_grad()
 def quantize_into(
     x: torch.Tensor,
     data: torch.Tensor,
@@ -168,6 +170,7 @@ def _zero_scale_padding(scale: torch.Tensor, full: tuple[int, ...], columnwise: 
         scale[:rows, cols:].zero_()
 
 
+@torch.no_grad()
 def dequantize(
     data: torch.Tensor,
     scale: torch.Tensor,
