@@ -12,10 +12,11 @@ are replicated over ``expt_dp``; the others split over ``tp`` and are replicated
 
 Mesh: ``(replicas, tp)`` as a 2-d grid when ``context.replica_grid`` (default), built as
 ``rank(j, i) = D[j] + T[i] - me`` from this rank's replica roster D and TP roster T. That is exact
-for groups cut from one rank grid (Megatron's RankGenerator and HyperCommGrid do so); should a
-rank's own rosters contradict the grid, its layout differs from its mesh leader's. Without the
-grid (or if it would leave the world), the mesh is the TP group alone and each replica group
-reports its own layout under the same name. Size-1 mesh dims are dropped.
+for groups cut from one rank grid (Megatron's RankGenerator and HyperCommGrid do so). Should a
+rank's own rosters contradict the grid, its layout differs from its mesh leader's, which the
+layout exchange's holding digest reports as an error naming the tensor and ranks. Without the grid
+(or if it would leave the world), the mesh is the TP group alone and each replica group reports
+its own layout under the same name (replicas to the planner). Size-1 mesh dims are dropped.
 
 Names: stage-local ``decoder.layers.K`` becomes ``decoder.layers.{layer_number - 1}`` (longest
 owning module with an int ``layer_number`` and a numeric last name part, as Megatron's refit does);
