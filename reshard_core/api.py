@@ -144,10 +144,11 @@ def refit(
     """
     start = time.perf_counter()
     session, reused = _session(src, dst, transport, group, transform, max_batch_bytes, ignore, tied, timeout)
-    stats = execute_plan(
-        session.plan, session.src_tensors, session.dst_tensors, session.transport,
-        transform=session.transforms or None, cast=cast,
-    )
+    with torch.no_grad():  # destinations are usually leaf Parameters that require grad
+        stats = execute_plan(
+            session.plan, session.src_tensors, session.dst_tensors, session.transport,
+            transform=session.transforms or None, cast=cast,
+        )
     seconds = {"extract": 0.0, "exchange": 0.0, "plan": 0.0} if reused else dict(session.seconds)
     seconds.update(_exec_seconds(stats), total=time.perf_counter() - start)
     return RefitReport(
