@@ -34,8 +34,14 @@ _EXPORTS = {
     "CopyService": "transport.copy_service",
     "ReshardTransform": "transform",
     "hookimpl": "hookspecs",
+    # plugins and transports
+    "register_plugin": "plugins",
+    "get_transport": "transport.registry",
     # extraction
     "declare_layout": "extract.plain",
+    "extract_specs": "extract",
+    "ExtractContext": "extract",
+    "ExtractError": "extract",
     # refit API
     "refit": "api",
     "prepare": "api",
