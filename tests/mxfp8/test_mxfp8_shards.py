@@ -106,6 +106,8 @@ def test_strided_input_box() -> None:
     mx.quantize_into(x, data, scale)
     ref_d, ref_s = mx.quantize(x.contiguous())
     assert torch.equal(data, ref_d) and torch.equal(scale, ref_s)
+    xt = big[:, :64].t()  # transposed view: quantized as its values, whatever the strides
+    assert torch.equal(mx.quantize(xt)[0], mx.quantize(xt.contiguous())[0])
 
 
 @settings(max_examples=25, deadline=None)
