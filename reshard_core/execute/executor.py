@@ -1,8 +1,10 @@
 """``execute_plan``: run one rank's ``RankPlan`` over a ``CopyService``, writing destinations in place.
 
-Per batch: pack one message per peer (``messages.py``), submit all sends and receives, start the
-round, do the batch's LOCAL ops and pack the next batch while the round is on the wire, then wait,
-land what arrived and call ``finalize_tensor`` for transformed tensors finished in this batch.
+Per batch: pack one message per peer (``messages.py``), submit all sends and receives and start the
+round; while it is on the wire, land the previous batch (and call ``finalize_tensor`` for transformed
+tensors it finished), run this batch's LOCAL ops and pack the next batch; then wait. Staging can so
+hold up to three batches at once (landing, in flight, packed); ``ExecStats.peak_staging_bytes``
+reports what was held.
 Transports with a ``start()`` returning a handle with ``wait()`` (``P2PCopyService`` and its
 subclasses) get that overlap; others are driven through ``run()`` without it.
 """
@@ -21,6 +23,7 @@ from ..transform import ReshardTransform, assign_transforms
 from ..transport.copy_service import CopyService
 from .check import check_inputs
 from .messages import ExecContext, Incoming, Outgoing, build_incoming, build_outgoing, land, run_local
+from .pool import StagingPool
 from .schedule import Batch, finalize_points, first_points, message_task_id, split_batches
 from .stats import ExecStats
 
@@ -42,6 +45,7 @@ def execute_plan(
     *,
     transform: ReshardTransform | Iterable[ReshardTransform] | None = None,
     cast: bool = False,
+    pool: StagingPool | None = None,
 ) -> ExecStats:
     """Execute ``plan`` on this rank; collective with every peer the plan names.
 
@@ -50,13 +54,15 @@ def execute_plan(
     wire carries each untransformed tensor in the plan's dtype (``plan.tensors[name].dtype``); a
     local tensor of another dtype is an error unless ``cast=True``, which converts while packing and
     unpacking. ``transform``: one transform or several (each name claimed by at most one); a name a
-    transform owns needs no destination tensor. Inputs are checked before any data moves
-    (``PlanError``); transport failures raise ``TransportError`` naming the rank, batch and peer.
+    transform owns needs no destination tensor. ``pool``: staging buffers to reuse (pass the same
+    pool to every refit of a plan to skip re-allocating them; default: fresh buffers). Inputs are
+    checked before any data moves (``PlanError``); transport failures raise ``TransportError``
+    naming the rank, batch and peer.
     """
     started = time.perf_counter()
     owners = assign_transforms(transform, plan.tensors)
     check_inputs(plan, src_tensors, dst_tensors, owners, cast=cast, device=transport.device)
-    ctx = ExecContext(plan, src_tensors, dst_tensors, owners)
+    ctx = ExecContext(plan, src_tensors, dst_tensors, owners, pool=pool or StagingPool())
     batches = split_batches(plan)
     ctx.stats.batches = len(batches)
     _pipeline(ctx, batches, transport)
@@ -66,20 +72,26 @@ def execute_plan(
 
 
 def _pipeline(ctx: ExecContext, batches: list[Batch], transport: CopyService) -> None:
+    """Keep the wire busy: while batch i is in flight, land batch i-1, run i's LOCAL ops, pack i+1."""
     finals = finalize_points(ctx.plan, ctx.transforms)
     firsts = first_points(ctx.plan, ctx.transforms)
     ready = _prepare(ctx, batches[0], firsts) if batches else None
+    landed_last: Prepared | None = None
     for i, batch in enumerate(batches):
         current = ready
         wait = _launch(ctx, current, transport)
         try:
+            if landed_last is not None:
+                _land_batch(ctx, landed_last, finals.get(landed_last.batch.index, ()))
             _run_locals(ctx, batch)
             ready = _prepare(ctx, batches[i + 1], firsts) if i + 1 < len(batches) else None
         except BaseException:
             _drain(wait)  # let the peers finish this round before the error propagates
             raise
         _wait(ctx, batch, wait)
-        _land_batch(ctx, current, finals.get(batch.index, ()))
+        landed_last = current
+    if landed_last is not None:
+        _land_batch(ctx, landed_last, finals.get(landed_last.batch.index, ()))
 
 
 def _prepare(ctx: ExecContext, batch: Batch, firsts: Mapping[int, list[str]]) -> Prepared:
@@ -132,11 +144,12 @@ def _run_locals(ctx: ExecContext, batch: Batch) -> None:
 
 def _land_batch(ctx: ExecContext, prepared: Prepared, finished: Iterable[str]) -> None:
     with ctx.stats.timed("unpack"):
-        for inc in prepared.incoming:
-            land(ctx, inc)
-            ctx.meter.release(inc.staged)
-        for out in prepared.outgoing:
-            ctx.meter.release(out.staged)
+        for message in (*prepared.incoming, *prepared.outgoing):
+            if isinstance(message, Incoming):
+                land(ctx, message)
+            ctx.meter.release(message.staged)
+            if message.pooled:
+                ctx.pool.give(message.message)
         for name in finished:
             ctx.transforms[name].finalize_tensor(name)
             ctx.meter.release(ctx.transforms[name].transient_bytes(name))

@@ -16,6 +16,7 @@ import torch
 from ..plan.ops import RankPlan, TransferOp
 from ..transform import ReshardTransform
 from .check import region, source_name
+from .pool import StagingPool
 from .slots import Slot, layout_slots, slot_view
 from .stats import ExecStats, StagingMeter
 
@@ -30,6 +31,7 @@ class ExecContext:
     transforms: Mapping[str, ReshardTransform]
     stats: ExecStats = field(default_factory=ExecStats)
     meter: StagingMeter = field(default_factory=StagingMeter)
+    pool: StagingPool = field(default_factory=StagingPool)
 
     def wire_dtype(self, name: str) -> torch.dtype:
         return self.plan.tensors[name].dtype
@@ -41,11 +43,13 @@ class ExecContext:
 
 @dataclass
 class Outgoing:
-    """The message for one peer: ``message`` is submitted as is; ``staged`` bytes are held until sent."""
+    """The message for one peer: ``message`` is submitted as is; ``staged`` bytes are held until sent;
+    ``pooled`` when ``message`` is a staging buffer to give back to the pool."""
 
     peer: int
     message: torch.Tensor
     staged: int
+    pooled: bool = False
 
 
 @dataclass
@@ -68,6 +72,10 @@ class Incoming:
     landings: list[Landing]
     direct: bool
     staged: int
+
+    @property
+    def pooled(self) -> bool:
+        return not self.direct
 
 
 def _send_pieces(ctx: ExecContext, op: TransferOp) -> tuple[list[tuple[torch.Tensor, torch.dtype]], int]:
@@ -95,12 +103,12 @@ def build_outgoing(ctx: ExecContext, peer: int, ops: list[TransferOp]) -> Outgoi
     first, first_dtype = pieces[0]
     if len(pieces) == 1 and first.is_contiguous() and first.dtype == first_dtype:
         return Outgoing(peer, first, produced)
-    message = torch.empty(total, dtype=torch.uint8, device=first.device)
+    message = ctx.pool.take(total, first.device)
     staged = ctx.meter.hold(total)
     for (tensor, _), slot in zip(pieces, slots, strict=True):
         slot_view(message, slot).copy_(tensor)
     ctx.meter.release(produced)
-    return Outgoing(peer, message, staged)
+    return Outgoing(peer, message, staged, pooled=True)
 
 
 def _landing(ctx: ExecContext, op: TransferOp) -> tuple[Landing, list[tuple[tuple[int, ...], torch.dtype]]]:
@@ -140,7 +148,7 @@ def build_incoming(ctx: ExecContext, peer: int, ops: list[TransferOp]) -> Incomi
         return Incoming(peer, direct, landings, True, ctx.meter.hold(_buffer_bytes(landings)))
     for landing in landings:  # packed: the transform gets views of the message instead
         landing.buffers = None
-    message = torch.empty(total, dtype=torch.uint8, device=landings[0].device)
+    message = ctx.pool.take(total, landings[0].device)
     return Incoming(peer, message, landings, False, ctx.meter.hold(total))
 
 

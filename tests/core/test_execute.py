@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from reshard_core.errors import PlanError
-from reshard_core.execute import ExecStats, execute_plan
+from reshard_core.execute import ExecStats, StagingPool, execute_plan
 from reshard_core.execute.schedule import finalize_points, first_points, message_task_id, split_batches
 from reshard_core.execute.slots import Slot, layout_slots, slot_view
 from reshard_core.plan.ops import OpKind, RankPlan, TransferOp
@@ -265,3 +265,16 @@ def test_transformed_local_ops_get_every_produced_tensor_in_its_own_slot():
     assert transform.seen == [[((2, 6), torch.int32), ((2,), F32)]] * 2
     assert transform.finalized == ["w"]
     assert stats.peak_staging_bytes == 512 + 2 * 6 * 4 + 2 * 4
+
+
+def test_staging_pool_hands_back_buffers_of_the_same_size_and_device():
+    pool = StagingPool()
+    a = pool.take(64, torch.device("cpu"))
+    assert (a.dtype, a.shape, pool.held_bytes) == (torch.uint8, (64,), 0)
+    pool.give(a)
+    assert pool.held_bytes == 64
+    assert pool.take(32, "cpu") is not a
+    assert pool.take(64, "cpu") is a
+    pool.give(a)
+    pool.clear()
+    assert pool.held_bytes == 0

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from reshard_gloo.transport import GlooCopyService
 
 from reshard_core.errors import TransportError
-from reshard_core.execute import execute_plan
+from reshard_core.execute import StagingPool, execute_plan
 from reshard_core.execute.check import region
 from reshard_core.layout import Layout, Mesh, Replicate, Shard
 from reshard_core.plan.ops import OpKind
@@ -175,10 +175,12 @@ def _refit_twice(rank, tensors, *, budget=None, cast_to=None, transform=None):
             dst[name] = torch.full(local_shape, 7, dtype=torch.uint8).view(torch.uint8).to(cast_to or dtype)
     pointers = {name: t.data_ptr() for name, t in dst.items()}
     transport = CountingGloo(timeout=60)
+    pool = StagingPool()  # the second refit reuses the first one's staging buffers
     out = {"mismatch": [], "plan_batches": plan.num_batches}
     for version in (0, 1):
         _fill(rank, tensors, version, src)
-        stats = execute_plan(plan, src, dst, transport, transform=transform, cast=cast_to is not None)
+        cast = cast_to is not None
+        stats = execute_plan(plan, src, dst, transport, transform=transform, cast=cast, pool=pool)
         out["mismatch"] += [f"v{version}:{n}" for n in _mismatches(rank, tensors, dst, version, cast_to)]
     transport.close()
     sends = {(op.batch, op.peer) for op in plan.ops if op.kind is OpKind.SEND and op.numel}
@@ -188,6 +190,7 @@ def _refit_twice(rank, tensors, *, budget=None, cast_to=None, transform=None):
         sent=sorted((b, p) for b, p, _ in transport.sent[: len(transport.sent) // 2]),
         expected_sent=sorted(sends),
         local_ops=sum(op.kind is OpKind.LOCAL for op in plan.ops),
+        pooled_bytes=pool.held_bytes,
     )
     return out
 
@@ -262,8 +265,10 @@ def test_small_budget_runs_several_batches(colocated):
 def test_single_contiguous_slices_are_never_staged(colocated):
     # column-parallel TP2->TP4: every message is one contiguous slice, sent and received in place
     assert [r["column"]["stats"].peak_staging_bytes for r in colocated] == [0, 0, 0, 0]
+    assert [r["column"]["pooled_bytes"] for r in colocated] == [0, 0, 0, 0]
     # row-parallel destinations are strided: received into a staging buffer, unpacked with one copy
     assert max(r["row"]["stats"].peak_staging_bytes for r in colocated) > 0
+    assert max(r["row"]["pooled_bytes"] for r in colocated) > 0
 
 
 def test_transform_with_two_wire_tensors_including_local_ops(colocated):
