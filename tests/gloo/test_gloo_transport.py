@@ -23,7 +23,8 @@ def test_gloo_is_available_here_and_the_plugin_says_so():
 
 
 def test_needs_an_initialised_process_group():
-    assert not dist.is_initialized()
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
     with pytest.raises(TransportError, match="^gloo transport needs an initialised torch.distributed group$"):
         GlooCopyService()
 
