@@ -37,6 +37,7 @@ class Prepared:
     incoming: list[Incoming]
 
 
+@torch.no_grad()  # destinations are often leaf Parameters that require grad; we write their data
 def execute_plan(
     plan: RankPlan,
     src_tensors: Mapping[str, torch.Tensor | None],

@@ -278,3 +278,11 @@ def test_staging_pool_hands_back_buffers_of_the_same_size_and_device():
     pool.give(a)
     pool.clear()
     assert pool.held_bytes == 0
+
+
+def test_destinations_may_be_parameters_that_require_grad():
+    src = {"w": torch.randn(4, 6)}
+    dst = {"w": torch.nn.Parameter(torch.zeros(4, 6))}
+    plan = plan_of(0, [op("local", "w", 0, (0, 0), (4, 6), (0, 0), (0, 0))])
+    execute_plan(plan, src, dst, Recorder())
+    assert torch.equal(dst["w"].detach(), src["w"]) and dst["w"].requires_grad
