@@ -13,7 +13,8 @@ import os
 import queue
 import socket
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch.multiprocessing as mp
 
@@ -83,8 +84,8 @@ def run_world(
             try:
                 rank, ok, value = results.get(timeout=min(remaining, 1.0))
             except queue.Empty:
-                if failures and all(not p.is_alive() for p in procs):
-                    break
+                if all(not p.is_alive() for p in procs):
+                    break  # every process is gone; nothing more can arrive
                 continue
             (out if ok else failures)[rank] = value
     finally:
@@ -97,7 +98,12 @@ def run_world(
     missing = [r for r in range(world_size) if r not in out and r not in failures]
     if failures or missing:
         lines = [f"rank {r} failed:\n{failures[r]}" for r in sorted(failures)]
-        if missing:
-            lines.append(f"ranks {missing} did not finish within {timeout:.0f} s")
+        died = [r for r in missing if procs[r].exitcode not in (None, 0)]
+        if died:
+            lines.append("ranks " + ", ".join(f"{r} (exit code {procs[r].exitcode})" for r in died)
+                         + " died without reporting")
+        if len(died) < len(missing):
+            stuck = [r for r in missing if r not in died]
+            lines.append(f"ranks {stuck} did not finish within {timeout:.0f} s")
         raise WorldError("\n".join(lines))
     return [out[r] for r in range(world_size)]
