@@ -3,14 +3,18 @@
 One refit = extract specs from both models → exchange the compact layout table → plan this rank →
 execute the plan over a transport. ``prepare`` does everything but the execution and caches the
 result (a ``Session``); later refits whose models still look the same on every rank reuse it and
-skip extraction, exchange and planning. "Look the same" is checked locally from each tensor's name,
-shape, dtype, stride, storage pointer and declared layout, and agreed on by one tiny all-reduce, so a
-change on any rank makes every rank rebuild (never a stale plan).
+skip extraction, exchange and planning. "Look the same" is checked locally — the very same model
+objects (held by weak reference, so a new model that reuses a dead one's ``id`` never matches),
+and each tensor's name, shape, dtype, stride, storage pointer and declared layout — and agreed on
+by one tiny all-gather, so a change on any rank makes every rank rebuild (never a stale plan). A
+session is dropped when one of its models is garbage collected.
 """
 
 from __future__ import annotations
 
+import datetime
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,11 +22,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .errors import ReshardError
+from .errors import ReshardError, TransportError
 from .exchange import exchange_layouts
 from .execute.executor import execute_plan
 from .execute.stats import ExecStats
-from .extract import extract_specs, iter_tensors
+from .extract import ExtractContext, extract_specs, iter_tensors
 from .plan.cache import cached_plan_rank, clear_plan_cache
 from .plan.ops import RankPlan
 from .plugins import get_plugin_manager
@@ -83,7 +87,24 @@ class Session:
     seconds: dict[str, float]
 
 
-_sessions: dict[tuple, tuple[tuple, Session]] = {}
+@dataclass
+class _Cached:
+    """A prepared session and what it was built for: the models themselves (weakly) and their signature."""
+
+    models: tuple[weakref.ref, ...]
+    signature: tuple
+    session: Session
+    finalizers: list[weakref.finalize]
+
+    def built_for(self, src: Model, dst: Model, signature: tuple) -> bool:
+        """True when ``src``/``dst`` are the very objects this session was built for, unchanged."""
+        models = _modules(src) + _modules(dst)
+        if len(models) != len(self.models):
+            return False
+        return all(r() is m for r, m in zip(self.models, models, strict=True)) and self.signature == signature
+
+
+_sessions: dict[tuple, _Cached] = {}
 _transports: dict[tuple, CopyService] = {}
 
 
@@ -112,13 +133,16 @@ def prepare(
 
 def _session(src, dst, *options) -> tuple[Session, bool]:
     """``(session, reused)``: the cached session when every rank agrees it is still valid."""
+    group, timeout = options[1], options[6]
     key = _options_key(src, dst, *options)
     signature = (_model_signature(src), _model_signature(dst))
     cached = _sessions.get(key)
-    if _everyone(cached is not None and cached[0] == signature, options[1]):
-        return cached[1], True
-    session = _build(src, dst, *options)
-    _sessions[key] = (signature, session)
+    valid = cached is not None and cached.built_for(src, dst, signature)
+    everyone_valid, sides = _agree(valid, src is not None, dst is not None, group, timeout)
+    if everyone_valid:
+        return cached.session, True
+    session = _build(src, dst, sides, *options)
+    _remember(key, src, dst, signature, session)
     return session, False
 
 
@@ -149,8 +173,24 @@ def refit(
             session.plan, session.src_tensors, session.dst_tensors, session.transport,
             transform=session.transforms or None, cast=cast,
         )
+    return _report(session, stats, reused, time.perf_counter() - start)
+
+
+def clear_caches() -> None:
+    """Forget prepared sessions and cached plans, and close cached transports."""
+    for cached in _sessions.values():
+        for finalizer in cached.finalizers:
+            finalizer.detach()
+    _sessions.clear()
+    clear_plan_cache()
+    for service in _transports.values():
+        service.close()
+    _transports.clear()
+
+
+def _report(session: Session, stats: ExecStats, reused: bool, total: float) -> RefitReport:
     seconds = {"extract": 0.0, "exchange": 0.0, "plan": 0.0} if reused else dict(session.seconds)
-    seconds.update(_exec_seconds(stats), total=time.perf_counter() - start)
+    seconds.update(_exec_seconds(stats), total=total)
     return RefitReport(
         rank=session.plan.rank,
         transport=session.transport.name,
@@ -166,20 +206,13 @@ def refit(
     )
 
 
-def clear_caches() -> None:
-    """Forget prepared sessions and cached plans, and close cached transports."""
-    _sessions.clear()
-    clear_plan_cache()
-    for service in _transports.values():
-        service.close()
-    _transports.clear()
-
-
-def _build(src, dst, transport, group, transform, max_batch_bytes, ignore, tied, timeout) -> Session:
+def _build(src, dst, sides, transport, group, transform, max_batch_bytes, ignore, tied, timeout) -> Session:
+    """Extract, exchange and plan. ``sides``: the global ranks passing a source / destination model,
+    over which each side's plain, undeclared tensors are replicated."""
     seconds: dict[str, float] = {}
     t = time.perf_counter()
-    src_specs = extract_specs(src, "src", group=group) if src is not None else []
-    dst_specs = extract_specs(dst, "dst", group=group) if dst is not None else []
+    src_specs = _extract(src, "src", group, sides[0])
+    dst_specs = _extract(dst, "dst", group, sides[1])
     transforms = _transforms(dst, dst_specs, transform)
     seconds["extract"] = time.perf_counter() - t
 
@@ -188,9 +221,9 @@ def _build(src, dst, transport, group, transform, max_batch_bytes, ignore, tied,
     seconds["exchange"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    rank = dist.get_rank()
     plan, _ = cached_plan_rank(
-        table, rank, max_batch_bytes=max_batch_bytes, ignore=ignore, tied=tied, group=_group_key(group)
+        table, dist.get_rank(), max_batch_bytes=max_batch_bytes, ignore=ignore, tied=tied,
+        group=_group_key(group),
     )
     seconds["plan"] = time.perf_counter() - t
     return Session(
@@ -202,6 +235,12 @@ def _build(src, dst, transport, group, transform, max_batch_bytes, ignore, tied,
         metadata_bytes=exchange_stats.bytes,
         seconds=seconds,
     )
+
+
+def _extract(model: Model, side: str, group, ranks: tuple[int, ...]) -> list[TensorSpec]:
+    if model is None:
+        return []
+    return extract_specs(model, side, group=group, context=ExtractContext.create(group, replica_ranks=ranks))
 
 
 def _transforms(dst: Model, dst_specs: list[TensorSpec], given) -> list[ReshardTransform]:
@@ -230,27 +269,49 @@ def _transport(transport: str | CopyService, group, timeout: float | None) -> Co
     return service
 
 
+def _group_ranks(group) -> tuple[int, ...]:
+    """Global ranks of ``group`` (None: the world) in group-rank order."""
+    if group is None:
+        return tuple(range(dist.get_world_size()))
+    return tuple(dist.get_process_group_ranks(group))
+
+
 def _group_key(group) -> tuple[int, ...]:
     return tuple(dist.get_process_group_ranks(group)) if group is not None else (-1, dist.get_world_size())
+
+
+def _modules(model: Model) -> list[Any]:
+    """The objects a model argument consists of (the modules of a list of chunks)."""
+    if model is None:
+        return []
+    return list(model) if isinstance(model, (list, tuple)) else [model]
 
 
 def _options_key(src, dst, transport, group, transform, max_batch_bytes, ignore, tied, timeout) -> tuple:
     transforms = (transform,) if isinstance(transform, ReshardTransform) else tuple(transform or ())
     transport_key = transport if isinstance(transport, str) else id(transport)
     return (
-        id(src), id(dst), transport_key, _group_key(group), tuple(id(t) for t in transforms),
-        max_batch_bytes, tuple(ignore), tuple(sorted((tied or {}).items())), timeout,
+        tuple(id(m) for m in _modules(src)), tuple(id(m) for m in _modules(dst)), transport_key,
+        _group_key(group), tuple(id(t) for t in transforms), max_batch_bytes, tuple(ignore),
+        tuple(sorted((tied or {}).items())), timeout,
     )
+
+
+def _remember(key: tuple, src: Model, dst: Model, signature: tuple, session: Session) -> None:
+    """Cache ``session`` under ``key``; it is dropped as soon as one of its models is collected."""
+    old = _sessions.pop(key, None)
+    for finalizer in old.finalizers if old is not None else ():
+        finalizer.detach()
+    modules = _modules(src) + _modules(dst)
+    finalizers = [weakref.finalize(m, _sessions.pop, key, None) for m in modules]
+    _sessions[key] = _Cached(tuple(weakref.ref(m) for m in modules), signature, session, finalizers)
 
 
 def _model_signature(model: Model) -> tuple:
     """What a cached session depends on locally: every tensor's name, shape, dtype, stride, storage
     pointer, DTensor placements and declared layout."""
-    if model is None:
-        return ()
-    roots = model if isinstance(model, (list, tuple)) else [model]
     out = []
-    for root in roots:
+    for root in _modules(model):
         for name, tensor, _ in iter_tensors(root):
             local = getattr(tensor, "_local_tensor", tensor)
             out.append((
@@ -260,12 +321,38 @@ def _model_signature(model: Model) -> tuple:
     return tuple(out)
 
 
-def _everyone(flag: bool, group) -> bool:
-    """True when ``flag`` holds on every rank of ``group`` (one tiny all-reduce)."""
+def _agree(
+    valid: bool, has_src: bool, has_dst: bool, group, timeout: float | None
+) -> tuple[bool, tuple[tuple[int, ...], tuple[tuple[int, ...]]]]:
+    """One tiny all-gather over ``group``: whether the cached session is valid on every rank, and
+    which global ranks pass a source and a destination model. Bounded by ``timeout`` when given."""
     device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
-    value = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MIN, group=group)
-    return bool(value.item())
+    mine = torch.tensor([int(valid), int(has_src), int(has_dst)], dtype=torch.int32, device=device)
+    ranks = _group_ranks(group)
+    gathered = torch.empty(3 * len(ranks), dtype=torch.int32, device=device)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
+    work = gather(gathered, mine, group=group, async_op=True)
+    try:
+        if timeout is None:
+            work.wait()
+        else:
+            work.wait(datetime.timedelta(seconds=timeout))
+    except Exception as exc:
+        within = f" within {timeout:g} s" if timeout is not None else ""
+        raise TransportError(
+            f"rank {dist.get_rank()}: refit could not start: ranks {list(ranks)} did not all join{within} "
+            f"(one of them failed, exited or is stalled): {_reason(exc)}"
+        ) from exc
+    flags = gathered.view(len(ranks), 3).cpu().tolist()
+    src_ranks = tuple(r for r, f in zip(ranks, flags, strict=True) if f[1])
+    dst_ranks = tuple(r for r, f in zip(ranks, flags, strict=True) if f[2])
+    return all(f[0] for f in flags), (src_ranks, dst_ranks)
+
+
+def _reason(exc: BaseException) -> str:
+    """The first line of ``exc``'s message, or its type name."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _exec_seconds(stats: ExecStats) -> dict[str, float]:

@@ -42,6 +42,8 @@ class ExtractContext:
     ``world`` are this process's global rank and the world size (0 and 1 without an initialised
     process group). ``replica_grid`` lets the Megatron extractor fold data-parallel replicas into
     one 2-d mesh (see ``megatron.py``); turn it off to get one layout per TP group.
+    ``replica_ranks`` (global ranks) overrides where plain, undeclared tensors are replicated, e.g.
+    only the ranks that hold this side's model in a non-colocated refit.
     """
 
     group: Any = None
@@ -49,15 +51,21 @@ class ExtractContext:
     world: int = 1
     replica_grid: bool = True
     caches: dict[Any, Any] = field(default_factory=dict)
+    replica_ranks: tuple[int, ...] | None = None
 
     @classmethod
-    def create(cls, group: Any = None, *, replica_grid: bool = True) -> ExtractContext:
+    def create(
+        cls, group: Any = None, *, replica_grid: bool = True, replica_ranks: tuple[int, ...] | None = None
+    ) -> ExtractContext:
         """A context for the current process (global rank and world from ``torch.distributed``)."""
         if dist.is_available() and dist.is_initialized():
-            return cls(group, dist.get_rank(), dist.get_world_size(), replica_grid)
-        if group is not None:
+            rank, world = dist.get_rank(), dist.get_world_size()
+        elif group is not None:
             raise ExtractError("a process group was given but torch.distributed is not initialised")
-        return cls(None, 0, 1, replica_grid)
+        else:
+            rank, world = 0, 1
+        ranks = tuple(int(r) for r in replica_ranks) if replica_ranks is not None else None
+        return cls(group, rank, world, replica_grid, replica_ranks=ranks)
 
     def cached(self, key: Any, factory: Callable[[], Any]) -> Any:
         """``caches[key]``, computed by ``factory()`` on first use."""
@@ -70,7 +78,10 @@ class ExtractContext:
         return self.cached(("ranks", id(group)), lambda: _ranks_of(group, self))
 
     def default_ranks(self) -> tuple[int, ...]:
-        """The ranks a plain, undeclared tensor is replicated over: ``group``, else the world."""
+        """The ranks a plain, undeclared tensor is replicated over: ``replica_ranks`` when set, else
+        ``group``, else the world."""
+        if self.replica_ranks is not None:
+            return self.replica_ranks
         if self.group is None:
             return tuple(range(self.world))
         return self.group_ranks(self.group)
