@@ -322,7 +322,7 @@ def test_a_killed_rank_makes_every_peer_raise_naming_it():
     with pytest.raises(WorldError) as info:
         run_world(_killed_world, 3, timeout=120)
     text = str(info.value)
-    assert "ranks [0] did not finish" in text
+    assert "ranks 0 (exit code 3) died without reporting" in text
     for rank in (1, 2):
         section = text.split(f"rank {rank} failed:\n", 1)[1].splitlines()[0]
         assert section.startswith(f"TransportError: rank {rank}, batch 0: gloo: ")
