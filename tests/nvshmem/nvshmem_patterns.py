@@ -89,11 +89,14 @@ def tp_dp_messages(
 
 @st.composite
 def transfer_sets(draw, align: int | None = None, min_piece: int | None = None):
+    """``(messages, world, config)``: a few random messages between up to 6 ranks, tiny slots (at
+    least one aligned region per possible sender)."""
     world = draw(st.integers(2, 6))
+    align = align or draw(st.sampled_from([1, 16, 64]))
     cfg = StagingConfig(
-        slot_bytes=draw(st.sampled_from([64, 256, 1024])),
+        slot_bytes=align * draw(st.integers(world, 64)),
         slots=draw(st.integers(1, 3)),
-        align=align or draw(st.sampled_from([1, 16, 64])),
+        align=align,
         min_piece=min_piece or draw(st.sampled_from([1, 32, 100])),
     )
     counts: dict[tuple[int, int], int] = defaultdict(int)

@@ -1,16 +1,18 @@
 """A CPU simulator of a world running the NVSHMEM engine: symmetric slots, signal words, streams.
 
-Each rank records the operations ``engine.enqueue`` issues (one queue per stream and run). The
-world then executes queue heads in a random order: a wait runs once its signal condition holds, a
-put lands data and signal at once (put-with-signal), and a rank starts its next run only when both
-of its streams finished the previous one (``run()`` returns after completion). The simulator
-checks that no put overwrites slot bytes that were not unpacked yet and that no unpack reads bytes
-that did not arrive; it raises ``Deadlock`` when nothing can run.
+Each rank records the operations ``engine.enqueue`` issues, one queue per stream (a send stream
+per receiver, one receive stream) and run. The world then executes queue heads in a random order:
+a wait runs once its signal condition holds, a put lands data and signal at once (put-with-signal),
+and a rank starts its next run only when all of its streams finished the previous one (``run()``
+returns after completion). The simulator checks that no put overwrites slot bytes that were not
+unpacked yet and that no unpack reads bytes that did not arrive; it raises ``Deadlock`` when
+nothing can run.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -28,34 +30,40 @@ class SlotConflict(AssertionError):
 class RankState:
     slots: list[torch.Tensor]
     arrivals: list[int]
+    pending: list[torch.Tensor]  # per slot: bytes written, not unpacked yet
     credits: dict[int, int] = field(default_factory=dict)
-    pending: list[torch.Tensor] = field(default_factory=list)  # per slot: bytes written, not unpacked
-    runs: list[tuple[list, list]] = field(default_factory=list)  # per run: (send queue, recv queue)
+    runs: list[list[list]] = field(default_factory=list)  # per run: its stream queues
 
 
 class SimOps:
     """``StreamOps`` of one rank: records operations into that rank's current run."""
 
     def __init__(self, world: SimWorld, rank: int):
-        self.world, self.rank = world, rank
-        self.send_q: list = []
+        self.send_qs: dict[int, list] = {}
         self.recv_q: list = []
-        world.ranks[rank].runs.append((self.send_q, self.recv_q))
+        self.queues: list[list] = [self.recv_q]
+        world.ranks[rank].runs.append(self.queues)
+
+    def _send_q(self, peer: int) -> list:
+        if peer not in self.send_qs:
+            self.send_qs[peer] = []
+            self.queues.append(self.send_qs[peer])
+        return self.send_qs[peer]
 
     def grant(self, peer: int) -> None:
         self.recv_q.append(("grant", peer))
 
     def wait_credit(self, peer: int, value: int) -> None:
-        self.send_q.append(("wait_credit", peer, value))
+        self._send_q(peer).append(("wait_credit", peer, value))
 
     def put(self, peer: int, src: torch.Tensor, slot: int, offset: int) -> None:
-        self.send_q.append(("put", peer, src, slot, offset))
+        self._send_q(peer).append(("put", peer, src, slot, offset))
 
     def wait_arrival(self, slot: int, value: int) -> None:
         self.recv_q.append(("wait_arrival", slot, value))
 
-    def unpack(self, dst: torch.Tensor, slot: int, offset: int) -> None:
-        self.recv_q.append(("unpack", dst, slot, offset))
+    def unpack(self, slot: int, pieces: Sequence[tuple[torch.Tensor, int]]) -> None:
+        self.recv_q.append(("unpack", slot, list(pieces)))
 
 
 class SimWorld:
@@ -74,9 +82,9 @@ class SimWorld:
         """A fresh recorder for ``rank``'s next run."""
         return SimOps(self, rank)
 
-    def _head(self, rank: int) -> list[list]:
+    def _heads(self, rank: int) -> list[list]:
         runs = self.ranks[rank].runs
-        while runs and not runs[0][0] and not runs[0][1]:
+        while runs and not any(runs[0]):
             runs.pop(0)
         return [q for q in runs[0] if q] if runs else []
 
@@ -104,27 +112,29 @@ class SimWorld:
             target.arrivals[slot] += 1
             self.puts += 1
         elif kind == "unpack":
-            _, dst, slot, offset = op
+            _, slot, pieces = op
             me = self.ranks[rank]
-            span = slice(offset, offset + len(dst))
-            if not me.pending[slot][span].all():
-                raise SlotConflict(f"rank {rank} unpacked bytes of slot {slot} that never arrived")
-            dst.copy_(me.slots[slot][span])
-            me.pending[slot][span] = False
+            for dst, offset in pieces:
+                span = slice(offset, offset + len(dst))
+                if not me.pending[slot][span].all():
+                    raise SlotConflict(f"rank {rank} unpacked bytes of slot {slot} that never arrived")
+                dst.copy_(me.slots[slot][span])
+                me.pending[slot][span] = False
 
     def run(self, seed: int = 0) -> None:
         """Execute every recorded operation in a random (but valid) order."""
         rng = random.Random(seed)
         while True:
-            candidates = []
-            for rank in range(len(self.ranks)):
-                for queue in self._head(rank):
-                    if self._ready(rank, queue[0]):
-                        candidates.append((rank, queue))
+            candidates = [
+                (rank, queue)
+                for rank in range(len(self.ranks))
+                for queue in self._heads(rank)
+                if self._ready(rank, queue[0])
+            ]
             if not candidates:
                 break
             rank, queue = rng.choice(candidates)
             self._execute(rank, queue.pop(0))
-        stuck = {r: [q[0] for q in self._head(r)] for r in range(len(self.ranks)) if self._head(r)}
+        stuck = {r: [q[0][0] for q in self._heads(r)] for r in range(len(self.ranks)) if self._heads(r)}
         if stuck:
             raise Deadlock(f"no operation can run; blocked heads: {stuck}")

@@ -32,7 +32,7 @@ def simulate(world: int, cfg: StagingConfig, runs: list[list[Message]], seed: in
             recvs[m.dst][(m.src, m.order)] = torch.zeros(m.nbytes, dtype=torch.uint8)
             expected.append((data, recvs[m.dst][(m.src, m.order)]))
         for rank in range(world):
-            program = ledgers[rank].program(schedule, rank)
+            program = ledgers[rank].program(schedule.for_rank(rank))
             enqueue(tamper(program) if tamper else program, sends[rank], recvs[rank], sim.ops(rank))
     sim.run(seed)
     for data, received in expected:
@@ -43,25 +43,26 @@ def simulate(world: int, cfg: StagingConfig, runs: list[list[Message]], seed: in
 def test_exact_program_and_counts_carry_over() -> None:
     cfg = StagingConfig(slot_bytes=256, slots=2, align=4, min_piece=1)
     sched = build_schedule([Message(0, 2, 0, 300), Message(1, 2, 0, 300)], 3, cfg)
-    p = sched.pieces  # 0->2 r0, 1->2 r1, then both 44 B tails in r2 (see test_schedule)
+    p = sched.pieces  # rounds 0, 1, 2, each with 100 B from rank 0 then 100 B from rank 1
     ledgers = [SignalLedger(2) for _ in range(3)]
-    # round, peer, credit to wait for, pieces
-    assert ledgers[0].program(sched, 0).sends == (SendStep(0, 2, 1, (p[0],)), SendStep(2, 2, 2, (p[2],)))
-    assert ledgers[1].program(sched, 1).sends == (SendStep(1, 2, 1, (p[1],)), SendStep(2, 2, 2, (p[3],)))
+    # SendStep: round, peer, credit to wait for, pieces
+    expected = tuple(SendStep(t, 2, t + 1, (p[2 * t],)) for t in range(3))
+    assert ledgers[0].program(sched.for_rank(0)).sends == expected
+    assert ledgers[1].program(sched.for_rank(1)).sends[2] == SendStep(2, 2, 3, (p[5],))
     # RecvStep: round, slot, arrivals to wait for, pieces, then whom to grant
-    assert ledgers[2].program(sched, 2) == RankProgram(
-        grants=(0, 1),
+    assert ledgers[2].program(sched.for_rank(2)) == RankProgram(
+        grants=(0, 1, 0, 1),  # rounds 0 and 1 go into free slots
         sends=(),
         recvs=(
-            RecvStep(0, 0, 1, (p[0],), grants=(0, 1)),  # draining round 0 frees slot 0 for round 2
-            RecvStep(1, 1, 1, (p[1],), grants=()),
-            RecvStep(2, 0, 3, (p[2], p[3]), grants=()),
+            RecvStep(0, 0, 2, (p[0], p[1]), grants=(0, 1)),  # draining round 0 frees slot 0 for round 2
+            RecvStep(1, 1, 2, (p[2], p[3]), grants=()),
+            RecvStep(2, 0, 4, (p[4], p[5]), grants=()),
         ),
     )
     # A second run of the same plan waits for the next counts: the words are never reset.
-    assert [s.credit for s in ledgers[0].program(sched, 0).sends] == [3, 4]
-    assert [s.arrived for s in ledgers[2].program(sched, 2).recvs] == [4, 2, 6]
-    assert ledgers[2].arrivals == [6, 2] and ledgers[0].credits == {2: 4}
+    assert [s.credit for s in ledgers[0].program(sched.for_rank(0)).sends] == [4, 5, 6]
+    assert [s.arrived for s in ledgers[2].program(sched.for_rank(2)).recvs] == [6, 4, 8]
+    assert ledgers[2].arrivals == [8, 4] and ledgers[0].credits == {2: 6}
 
 
 def test_byte_view_is_a_flat_alias() -> None:
@@ -76,8 +77,10 @@ def test_byte_view_is_a_flat_alias() -> None:
 def test_random_worlds_deliver_exactly(case, n_runs: int, seed: int) -> None:
     msgs, world, cfg = case
     # Consecutive runs: the same messages, then rotated peers, so the counts of later runs differ.
-    runs = [[dataclasses.replace(m, src=(m.src + k) % world, dst=(m.dst + k) % world) for m in msgs]
-            for k in range(n_runs)]
+    runs = [
+        [dataclasses.replace(m, src=(m.src + k) % world, dst=(m.dst + k) % world) for m in msgs]
+        for k in range(n_runs)
+    ]
     puts = simulate(world, cfg, runs, seed)
     assert puts == sum(len(build_schedule(run, world, cfg).pieces) for run in runs)
 

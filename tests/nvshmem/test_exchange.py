@@ -1,5 +1,5 @@
-"""Over a real Gloo world (3 processes, loopback): schedule agreement, the unique-id broadcast, and
-the NVSHMEM bootstrap bookkeeping driven through a stand-in for ``nvshmem.core`` (no GPU here)."""
+"""Over a real Gloo world (3 processes, loopback): the per-run pairwise handshake, the unique-id
+broadcast, and the NVSHMEM bootstrap bookkeeping driven through a stand-in for ``nvshmem.core``."""
 
 from __future__ import annotations
 
@@ -8,15 +8,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from reshard_nvshmem.exchange import (
-    LocalRun,
-    RunSchedules,
-    all_gather_sends,
-    broadcast_bytes,
-    check_receives,
-    group_rank,
-)
-from reshard_nvshmem.schedule import Message, StagingConfig
+from reshard_nvshmem.exchange import LocalRun, agree_run, broadcast_bytes, group_rank, summary
+from reshard_nvshmem.schedule import Message, StagingConfig, build_schedule
 
 from reshard_core.errors import TransportError
 from reshard_core.testing.world import run_world
@@ -94,15 +87,20 @@ def ring_run(rank: int, world: int, scale: int = 1) -> LocalRun:
     sends = (((rank + 1) % world, 100 * (rank + 1) * scale), ((rank + 2) % world, 7))
     prev, prev2 = (rank - 1) % world, (rank - 2) % world
     recvs = ((prev, 100 * (prev + 1) * scale), (prev2, 7))
-    return LocalRun(sends, tuple(sorted(recvs)))
+    return LocalRun(sends, recvs)
+
+
+def ring_messages(world: int, scale: int = 1) -> list[Message]:
+    run = [ring_run(r, world, scale) for r in range(world)]
+    return [Message(r, dst, 0, n) for r in range(world) for dst, n in run[r].sends]
 
 
 def _world_checks(rank: int, world: int) -> dict:
     import torch.distributed as dist
 
     out: dict = {}
+    ranks = list(range(world))
     out["uid"] = broadcast_bytes(bytes(range(16)) if rank == 0 else None, 16, None)
-    out["messages"] = all_gather_sends(ring_run(rank, world).sends, None)
 
     sub = dist.new_group([0, 2])
     out["group_rank_of_2"] = group_rank(sub, 2)
@@ -111,42 +109,23 @@ def _world_checks(rank: int, world: int) -> dict:
     except TransportError as exc:
         out["not_member"] = str(exc)
 
-    book = RunSchedules(None, CFG)
-    book.schedule_for(ring_run(rank, world))
-    book.schedule_for(ring_run(rank, world))
-    out["gathers_unbound"] = book.gathers  # no plan key: every run gathers
+    out["agreed"] = [agree_run(ring_run(rank, world, scale), rank, None, ranks, CFG, 60) for scale in (1, 5)]
+    out["empty"] = agree_run(LocalRun((), ()), rank, None, ranks, CFG, 60)  # nothing to agree: no traffic
 
-    first = []
-    book.begin_plan("plan-A")
-    first.append(book.schedule_for(ring_run(rank, world)))
-    first.append(book.schedule_for(ring_run(rank, world, scale=3)))
-    after_first_refit = book.gathers
-    book.begin_plan("plan-A")  # the next refit of the same plan: cached, no collective
-    again = [book.schedule_for(ring_run(rank, world)), book.schedule_for(ring_run(rank, world, scale=3))]
-    out["gathers_plan"] = (after_first_refit, book.gathers)
-    out["same_schedules"] = all(a is b for a, b in zip(first, again, strict=True))
-    out["rounds"] = [s.rounds for s in first]
-
-    book.begin_plan("plan-A")
-    try:  # rank 1 changed its messages but reuses the key: it raises, nobody waits on it
-        book.schedule_for(ring_run(rank, world, scale=2 if rank == 1 else 1))
-    except TransportError as exc:
-        out["stale_key"] = str(exc)
-
-    book.begin_plan(None)
     run = ring_run(rank, world)
     if rank == 2:  # posts a receive of the wrong size from rank 0
         run = LocalRun(run.sends, tuple((src, 99 if src == 0 else n) for src, n in run.recvs))
     try:
-        book.schedule_for(run)
+        agree_run(run, rank, None, ranks, CFG, 60)
+        out["bad_recv"] = "agreed"
     except TransportError as exc:
         out["bad_recv"] = str(exc)
 
-    lonely = dist.new_group([0, 1])  # its gather is left pending: used last, by rank 0 only
+    lonely = dist.new_group([0, 1])  # its handshake is left pending: used last, by rank 0 only
     if rank == 0:
         start = time.monotonic()
         try:
-            RunSchedules(lonely, CFG).schedule_for(LocalRun((), ((1, 16),)), timeout=0.5)
+            agree_run(LocalRun((), ((1, 16),)), 0, lonely, [0, 1], CFG, timeout=0.5)
         except TransportError as exc:
             out["absent_peer"] = (str(exc), time.monotonic() - start)
     dist.barrier()  # ranks 1 and 2 stay until rank 0 gave up
@@ -182,51 +161,39 @@ def test_unique_id_bytes_reach_every_rank(world_results: list[dict]) -> None:
     assert [r["uid"] for r in world_results] == [bytes(range(16))] * 3
 
 
-def test_gathered_message_list_is_global_and_ordered(world_results: list[dict]) -> None:
-    expected = [
-        Message(0, 1, 0, 100), Message(0, 2, 0, 7),
-        Message(1, 2, 0, 200), Message(1, 0, 0, 7),
-        Message(2, 0, 0, 300), Message(2, 1, 0, 7),
-    ]  # fmt: skip
-    assert all(r["messages"] == expected for r in world_results)
-
-
 def test_group_ranks_map_and_non_members_fail(world_results: list[dict]) -> None:
     assert world_results[0]["group_rank_of_2"] == 1
     assert world_results[0]["not_member"] == "rank 1 is not a member of the transport's process group"
 
 
-def test_plan_key_caches_runs_after_the_first_refit(world_results: list[dict]) -> None:
+def test_each_rank_derives_its_part_of_the_global_layout(world_results: list[dict]) -> None:
+    for k, scale in enumerate((1, 5)):
+        schedule = build_schedule(ring_messages(3, scale), 3, CFG)
+        for rank, r in enumerate(world_results):
+            assert r["agreed"][k] == schedule.for_rank(rank)
+    assert world_results[0]["agreed"][1].rounds == 2  # 1500 B from rank 2 through 1 KiB slots
+
+
+def test_a_rank_without_traffic_agrees_on_nothing(world_results: list[dict]) -> None:
     for r in world_results:
-        assert r["gathers_unbound"] == 2
-        assert r["gathers_plan"] == (4, 4)  # two gathers for the first refit, none for the second
-        assert r["same_schedules"]
-        assert r["rounds"] == [1, 1]
+        assert (r["empty"].sends, r["empty"].recvs, r["empty"].rounds) == ((), (), 0)
 
 
-def test_reused_plan_key_with_other_messages_raises_on_that_rank(world_results: list[dict]) -> None:
-    assert "stale_key" not in world_results[0] and "stale_key" not in world_results[2]
-    assert world_results[1]["stale_key"] == (
-        "run 0 of plan 'plan-A' on rank 1 moves other messages than when the plan was first run; "
-        "bind a new plan key"
+def test_mismatched_receive_fails_on_both_ends_naming_both_ranks(world_results: list[dict]) -> None:
+    text = (
+        "rank 0 sends rank 2 1 message(s) of 7 bytes, but rank 2 posted receives for 1 message(s) of 99 bytes"
     )
-
-
-def test_mismatched_receive_names_both_ranks(world_results: list[dict]) -> None:
-    assert "bad_recv" not in world_results[0] and "bad_recv" not in world_results[1]
-    assert world_results[2]["bad_recv"] == (
-        "rank 0 sends rank 2 messages of [7] bytes, but rank 2 posted receives of [99] bytes"
-    )
+    assert world_results[2]["bad_recv"] == text
+    assert world_results[0]["bad_recv"] == text
+    assert world_results[1]["bad_recv"] == "agreed"  # not involved: finishes normally
 
 
 def test_a_peer_that_never_joins_is_named_within_the_timeout(world_results: list[dict]) -> None:
     text, waited = world_results[0]["absent_peer"]
-    assert text == "rank 1 did not join this run's nvshmem schedule exchange in time"
+    assert text == "rank 1 did not take part in this run's nvshmem handshake in time"
     assert waited < 30  # a hang guard, not a speed assertion
 
 
-def test_check_receives_accepts_a_match() -> None:
-    messages = [Message(0, 1, 0, 5), Message(0, 1, 1, 6)]
-    check_receives(messages, 1, LocalRun((), ((0, 5), (0, 6))), [0, 1])
-    with pytest.raises(TransportError, match=r"of \[5, 6\] bytes, but rank 1 posted receives of \[\]"):
-        check_receives(messages, 1, LocalRun((), ()), [0, 1])
+def test_summary_counts_bytes_and_fingerprints_sizes() -> None:
+    assert summary([]) == (0, 0, 0)
+    assert summary([5, 6])[:2] == (2, 11) and summary([5, 6]) != summary([6, 5])

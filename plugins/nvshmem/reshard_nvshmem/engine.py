@@ -19,24 +19,26 @@ Views = dict[tuple[int, int], torch.Tensor]
 
 
 class StreamOps(Protocol):
-    """Asynchronous operations of one rank. Send-side calls go to its send stream, receive-side
-    calls to its receive stream; each stream runs its operations in call order."""
+    """Asynchronous operations of one rank. Send-side calls go to the stream for their ``peer``
+    (one per receiver), receive-side calls to the receive stream; each stream runs its operations
+    in call order."""
 
     def grant(self, peer: int) -> None:
         """(receive stream) Add 1 to ``credits[me]`` on ``peer``."""
 
     def wait_credit(self, peer: int, value: int) -> None:
-        """(send stream) Block the stream until ``credits[peer] >= value`` here."""
+        """(stream to ``peer``) Block it until ``credits[peer] >= value`` here."""
 
     def put(self, peer: int, src: torch.Tensor, slot: int, offset: int) -> None:
-        """(send stream) Copy ``src`` (uint8) to ``peer``'s slot at ``offset``, then add 1 to
+        """(stream to ``peer``) Copy ``src`` (uint8) to ``peer``'s slot at ``offset``, then add 1 to
         ``arrivals[slot]`` on ``peer``; the signal lands only after the data."""
 
     def wait_arrival(self, slot: int, value: int) -> None:
         """(receive stream) Block the stream until ``arrivals[slot] >= value`` here."""
 
-    def unpack(self, dst: torch.Tensor, slot: int, offset: int) -> None:
-        """(receive stream) Copy ``len(dst)`` bytes at ``offset`` of this rank's ``slot`` into ``dst``."""
+    def unpack(self, slot: int, pieces: Sequence[tuple[torch.Tensor, int]]) -> None:
+        """(receive stream) For each ``(dst, offset)``, copy ``len(dst)`` bytes at ``offset`` of
+        this rank's ``slot`` into ``dst`` (one round's pieces, in one call)."""
 
 
 def byte_view(tensor: torch.Tensor) -> torch.Tensor:
@@ -78,8 +80,7 @@ def enqueue(
     for step in program.recvs:
         if step.pieces:
             ops.wait_arrival(step.slot, step.arrived)
-        for p in step.pieces:
-            dst = recvs[(p.src, p.order)][p.msg_offset : p.msg_offset + p.nbytes]
-            ops.unpack(dst, step.slot, p.slot_offset)
+            dsts = [recvs[(p.src, p.order)][p.msg_offset : p.msg_offset + p.nbytes] for p in step.pieces]
+            ops.unpack(step.slot, [(dst, p.slot_offset) for dst, p in zip(dsts, step.pieces, strict=True)])
         for peer in step.grants:
             ops.grant(peer)

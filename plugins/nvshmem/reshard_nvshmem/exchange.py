@@ -1,26 +1,27 @@
-"""How all ranks agree on a run's schedule, and the unique-id broadcast, over a torch.distributed group.
+"""How the two ends of each pair agree on a run, and the unique-id broadcast, over torch.distributed.
 
-Choice: the schedule is a pure function of the run's global message list (who sends how many
-bytes to whom, in which order). A rank only knows its own sends and receives, so the list is
-gathered once with one small ``all_gather`` of ``(dst, nbytes)`` int64 pairs (no pickle).
+Choice: no global step per run. The executor calls ``run()`` only on the ranks that take part in a
+batch (an idle rank never calls it), so anything collective per run would hang; and a per-plan
+collective would need the plan, which a ``CopyService`` never sees. Instead each run does a
+two-step handshake with each peer it exchanges bytes with, all requests posted at once:
 
-When gathering may be skipped: a cache keyed by a rank's *own* messages is unsafe (a rank whose
-messages did not change would skip the collective that a changed peer enters, and both hang), so
-the cache is keyed by a plan identity every rank shares. After ``begin_plan(key)`` on every rank,
-the n-th run is cached under ``(key, n)``: the first refit of a plan gathers once per run, later
-refits of that plan gather nothing. Without a plan key every run gathers (always correct). A rank
-whose messages differ from the ones cached for ``(key, n)`` raises instead of guessing.
+1. both ends send ``(count, bytes, CRC of the sizes)`` of what they send to and expect from the
+   other, plus their total outgoing bytes in the run; a mismatch is one ``TransportError`` on both
+   ends naming both ranks;
+2. each receiver answers each sender with its ``Share`` (``schedule.receiver_layout``, which needs
+   the senders' totals), and the sender derives its pieces from it (``schedule.sender_pieces``).
 
-Every rank of the group calls ``run()`` once per batch, also with nothing queued, because the
-gather is collective. A gather that a peer never joins fails after the transport's timeout with a
-``TransportError`` naming the peers this rank exchanges with in that run.
+A peer that never answers is named after the timeout. Layouts are memoised on the sizes, so a
+plan's later refits recompute nothing; the handshake itself is a few int64 per peer and run.
 """
 
 from __future__ import annotations
 
+import datetime
+import struct
 import time
-from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -28,9 +29,7 @@ import torch.distributed as dist
 
 from reshard_core.errors import TransportError
 
-from .schedule import Message, Schedule, StagingConfig, cached_schedule
-
-MAX_CACHED_RUNS = 4096
+from .schedule import RankSchedule, Share, StagingConfig, receiver_layout, sender_pieces
 
 
 def collective_device(group: dist.ProcessGroup | None) -> torch.device:
@@ -72,53 +71,6 @@ def ranks_text(ranks: Sequence[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
 
 
-def _all_gather(rows: list[torch.Tensor], mine: torch.Tensor, group, deadline: float, suspects: str) -> None:
-    try:
-        work = dist.all_gather(rows, mine, group=group, async_op=True)
-        while not work.is_completed():
-            if time.monotonic() > deadline:
-                raise TransportError(f"{suspects} did not join this run's nvshmem schedule exchange in time")
-            time.sleep(0.0002)
-        work.wait()
-    except RuntimeError as exc:  # a peer died or the group broke mid-gather
-        text = " ".join(str(exc).split())
-        raise TransportError(f"nvshmem schedule exchange with {suspects} failed: {text}") from exc
-
-
-def all_gather_sends(
-    sends: Sequence[tuple[int, int]],
-    group: dist.ProcessGroup | None,
-    timeout: float | None = None,
-    suspects: str = "a rank",
-) -> list[Message]:
-    """The run's global message list from every rank's ``(dst group rank, nbytes)`` sends, in order.
-
-    Raises ``TransportError`` naming ``suspects`` (the peers this rank exchanges with) when the
-    gather does not complete within ``timeout`` seconds; the group is unusable afterwards."""
-    device = collective_device(group)
-    size = dist.get_world_size(group)
-    deadline = time.monotonic() + (timeout if timeout is not None else float("inf"))
-    count = torch.tensor([len(sends)], dtype=torch.int64, device=device)
-    counts = [torch.empty_like(count) for _ in range(size)]
-    _all_gather(counts, count, group, deadline, suspects)
-    width = max(int(c.item()) for c in counts)
-    if width == 0:
-        return []
-    mine = torch.full((width, 2), -1, dtype=torch.int64)
-    if sends:
-        mine[: len(sends)] = torch.tensor(sends, dtype=torch.int64)
-    mine = mine.to(device)
-    rows = [torch.empty_like(mine) for _ in range(size)]
-    _all_gather(rows, mine, group, deadline, suspects)
-    messages = []
-    for src, (n, table) in enumerate(zip(counts, rows, strict=True)):
-        orders: dict[int, int] = {}
-        for dst, nbytes in table[: int(n.item())].cpu().tolist():
-            messages.append(Message(src, dst, orders.get(dst, 0), nbytes))
-            orders[dst] = orders.get(dst, 0) + 1
-    return messages
-
-
 @dataclass(frozen=True)
 class LocalRun:
     """One rank's view of a run: ``(peer group rank, nbytes)`` of its sends and receives, in order."""
@@ -127,65 +79,124 @@ class LocalRun:
     recvs: tuple[tuple[int, int], ...]
 
 
-def check_receives(messages: Sequence[Message], me: int, run: LocalRun, ranks: Sequence[int]) -> None:
-    """``TransportError`` unless what peers send ``me`` matches what ``me`` posted receives for.
+def summary(sizes: Sequence[int]) -> tuple[int, int, int]:
+    """(count, bytes, CRC-32 of the sizes) of the messages one end moves to the other."""
+    return len(sizes), sum(sizes), zlib.crc32(struct.pack(f"<{len(sizes)}q", *sizes))
 
-    ``ranks[g]`` is group rank ``g``'s global rank (for the message)."""
-    sent: dict[int, list[int]] = {}
-    for m in messages:
-        if m.dst == me:
-            sent.setdefault(m.src, []).append(m.nbytes)
-    posted: dict[int, list[int]] = {}
-    for src, nbytes in run.recvs:
-        posted.setdefault(src, []).append(nbytes)
-    for src in sorted(set(sent) | set(posted)):
-        if sent.get(src, []) != posted.get(src, []):
-            raise TransportError(
-                f"rank {ranks[src]} sends rank {ranks[me]} messages of {sent.get(src, [])} bytes, "
-                f"but rank {ranks[me]} posted receives of {posted.get(src, [])} bytes"
+
+def _describe(count: int, nbytes: int) -> str:
+    return f"{count} message(s) of {nbytes} bytes"
+
+
+def agree_run(
+    run: LocalRun,
+    me: int,
+    group: dist.ProcessGroup | None,
+    ranks: Sequence[int],
+    config: StagingConfig,
+    timeout: float | None = None,
+) -> RankSchedule:
+    """This rank's part of the run, agreed with each peer (``ranks[g]``: group rank ``g``'s global
+    rank). Raises ``TransportError`` naming the ranks on a mismatch, and naming the peers that did
+    not answer when ``timeout`` seconds pass (the group is unusable after that)."""
+    sends: dict[int, list[int]] = {}
+    recvs: dict[int, list[int]] = {}
+    for peer, nbytes in run.sends:
+        sends.setdefault(peer, []).append(nbytes)
+    for peer, nbytes in run.recvs:
+        recvs.setdefault(peer, []).append(nbytes)
+    peers = sorted(set(sends) | set(recvs))
+    if not peers:
+        return RankSchedule(config, (), (), 0)
+    out_total = sum(n for _, n in run.sends)
+    mine = {p: [*summary(sends.get(p, [])), out_total, *summary(recvs.get(p, []))] for p in peers}
+    theirs = _swap(mine, peers, 7, ranks, group, timeout)
+    problems = []
+    for p in peers:
+        sent_to_me, expected_from_me = tuple(theirs[p][0:3]), tuple(theirs[p][4:7])
+        if sent_to_me != summary(recvs.get(p, [])):
+            problems.append(
+                f"rank {ranks[p]} sends rank {ranks[me]} {_describe(*sent_to_me[:2])}, but rank "
+                f"{ranks[me]} posted receives for {_describe(*summary(recvs.get(p, []))[:2])}"
             )
+        if expected_from_me != summary(sends.get(p, [])):
+            problems.append(
+                f"rank {ranks[me]} sends rank {ranks[p]} {_describe(*summary(sends.get(p, []))[:2])}, "
+                f"but rank {ranks[p]} posted receives for {_describe(*expected_from_me[:2])}"
+            )
+    senders_out = tuple((p, theirs[p][3]) for p in sorted(recvs))
+    try:
+        layout = receiver_layout(me, run.recvs, senders_out, len(ranks), config)
+        told = {p: [layout.shares[p].offset, layout.shares[p].per_round] for p in recvs}
+    except ValueError as exc:
+        problems.append(f"rank {ranks[me]} cannot lay out its slots: {exc}")
+        told = {p: [-1, -1] for p in recvs}
+    # Step 2 runs even after a mismatch, so that peers with nothing wrong are not left waiting.
+    shares = _swap(told, peers, 2, ranks, group, timeout, expect=sorted(sends))
+    problems += [f"rank {ranks[p]} cannot lay out its slots" for p in sorted(sends) if shares[p][0] < 0]
+    if problems:
+        raise TransportError("; ".join(problems))
+    pieces = tuple(
+        piece
+        for dst in sorted(sends)
+        for piece in sender_pieces(me, dst, sends[dst], Share(*shares[dst]), config)
+    )
+    return RankSchedule(config, pieces, layout.pieces, layout.rounds)
 
 
-class RunSchedules:
-    """The schedule of each run: gathered, or cached under ``(plan key, run index)``."""
+def _swap(
+    outgoing: dict[int, list[int]],
+    peers: Sequence[int],
+    width: int,
+    ranks: Sequence[int],
+    group: dist.ProcessGroup | None,
+    timeout: float | None,
+    expect: Sequence[int] | None = None,
+) -> dict[int, list[int]]:
+    """Send ``outgoing[p]`` (``width`` int64) to each of its peers and receive the same from each
+    peer in ``expect`` (default: ``peers``); all posted at once."""
+    device = collective_device(group)
+    expect = peers if expect is None else expect
+    sent = {p: torch.tensor(v, dtype=torch.int64, device=device) for p, v in outgoing.items()}
+    got = {p: torch.empty(width, dtype=torch.int64, device=device) for p in expect}
+    nccl = dist.get_backend(group) == "nccl"
+    if nccl:  # NCCL wants its P2P in one batch: one request for all
+        ops = [dist.P2POp(dist.isend, t, ranks[p], group) for p, t in sent.items()]
+        ops += [dist.P2POp(dist.irecv, t, ranks[p], group) for p, t in got.items()]
+        works = [(None, w) for w in (dist.batch_isend_irecv(ops) if ops else [])]
+    else:
+        works = [(None, dist.isend(t, ranks[p], group=group)) for p, t in sent.items()]
+        works += [(p, dist.irecv(t, ranks[p], group=group)) for p, t in got.items()]
+    _wait_all(works, peers, ranks, timeout, poll=nccl)
+    return {p: t.tolist() for p, t in got.items()}
 
-    def __init__(self, group: dist.ProcessGroup | None, config: StagingConfig):
-        self.group = group
-        self.config = config
-        self.me = dist.get_rank(group)
-        self.size = dist.get_world_size(group)
-        self.ranks = [dist.get_global_rank(group or dist.group.WORLD, g) for g in range(self.size)]
-        self.gathers = 0
-        self._plan: Hashable | None = None
-        self._index = 0
-        self._cache: OrderedDict[tuple[Hashable, int], tuple[LocalRun, Schedule]] = OrderedDict()
 
-    def begin_plan(self, key: Hashable | None) -> None:
-        """Runs from now on belong to plan ``key`` (call on every rank, before each refit)."""
-        self._plan, self._index = key, 0
+def _wait_all(
+    works: list, peers: Sequence[int], ranks: Sequence[int], timeout: float | None, poll: bool
+) -> None:
+    """Wait for the handshake's requests; name the peers still missing at the deadline.
 
-    def schedule_for(self, run: LocalRun, timeout: float | None = None) -> Schedule:
-        """This run's schedule (collective unless cached for the bound plan; ``timeout`` seconds)."""
-        slot = (self._plan, self._index)
-        self._index += 1
-        if self._plan is not None and slot in self._cache:
-            cached_run, schedule = self._cache[slot]
-            if cached_run != run:
-                raise TransportError(
-                    f"run {slot[1]} of plan {self._plan!r} on rank {self.ranks[self.me]} moves other "
-                    "messages than when the plan was first run; bind a new plan key"
-                )
-            return schedule
-        peers = sorted({self.ranks[g] for g, _ in (*run.sends, *run.recvs)})
-        messages = all_gather_sends(run.sends, self.group, timeout, ranks_text(peers))
-        self.gathers += 1
-        check_receives(messages, self.me, run, self.ranks)
+    ``poll``: NCCL requests complete on their own and are polled; Gloo's point-to-point requests
+    complete only inside ``wait``, which takes a timeout."""
+    deadline = time.monotonic() + (timeout if timeout is not None else 10.0**9)
+    late: list[int] = []
+    errors: list[str] = []
+    for peer, work in works:
         try:
-            schedule = cached_schedule(tuple(messages), self.size, self.config)
-        except ValueError as exc:
-            raise TransportError(f"nvshmem schedule: {exc}") from None
-        if self._plan is not None:
-            self._cache[slot] = (run, schedule)
-            while len(self._cache) > MAX_CACHED_RUNS:
-                self._cache.popitem(last=False)
-        return schedule
+            if not poll:
+                work.wait(datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+                continue
+            while not work.is_completed():
+                if time.monotonic() > deadline:
+                    raise TimeoutError
+                time.sleep(0.0002)
+            work.wait()
+        except (RuntimeError, TimeoutError) as exc:
+            late += [ranks[peer]] if peer is not None else [ranks[p] for p in peers]
+            if isinstance(exc, RuntimeError) and time.monotonic() < deadline:  # failed, not late
+                errors.append(" ".join(str(exc).split()))
+    if late:
+        who = ranks_text(sorted(set(late)))
+        if errors:
+            raise TransportError(f"nvshmem handshake with {who} failed: {errors[0]}")
+        raise TransportError(f"{who} did not take part in this run's nvshmem handshake in time")

@@ -1,32 +1,33 @@
-"""Which bytes go to which receiver slot in which round: a pure function of one run's messages.
+"""Which bytes go to which receiver slot in which round: pure functions of a run's messages.
 
-Model. Every rank owns ``slots`` symmetric receive slots of ``slot_bytes`` each. Round ``t`` lands
-in slot ``t % slots`` of every receiver, so while a receiver unpacks round ``t`` its peers already
-fill rounds ``t+1 .. t+slots-1`` (double buffering with the default 2 slots); slot ``t % slots`` is
-written again in round ``t + slots`` only after its receiver drained round ``t`` (the engine waits
-for that credit). Per round a receiver accepts at most ``slot_bytes`` (pieces from several senders
-side by side, each at an ``align``-ed offset) and a sender puts at most ``slot_bytes``.
+Model. Every rank owns ``slots`` symmetric receive slots of ``slot_bytes`` each. A receiver's round
+``t`` lands in its slot ``t % slots``, so while it unpacks round ``t`` its senders already fill
+rounds ``t+1 .. t+slots-1`` (double buffering with the default 2 slots); slot ``t % slots`` is
+written again in round ``t + slots`` only after round ``t`` was drained (the engine waits for that
+credit). A sender puts to each receiver on a stream of its own, so rounds are the receiver's: no
+rank waits for a global step.
 
-Lower bound: ``ceil(max over ranks of max(bytes sent, bytes received) / slot_bytes)`` rounds.
-(Counting in rounds of all ``slots`` slots, as ``bytes / (slot_bytes * slots)``, divides both the
-bound and the round count by ``slots``; the ratio is the same.)
+Layout. Each slot is cut into one region per sender (``Share.offset``, ``align``-ed); in every round
+a sender fills its region with the next ``Share.per_round`` bytes of its messages to that receiver
+(messages in order, cut at round and message boundaries, so a put never reads two tensors). The
+receiver spreads each sender's bytes evenly over ``max(its own rounds, the sender's rounds)``,
+where a rank's rounds are ``ceil(bytes / slot_bytes)`` of what it receives, resp. sends, in the
+run. So every rank receives at most ``slot_bytes`` and sends about ``slot_bytes`` per round (up to
+rounding and the ``min_piece`` floor of a share), all ranks send and receive in every round, and
+the rounds stay within rounding of the bound ``ceil(max over ranks of bytes sent or received /
+slot_bytes)`` (the tests measure it on realistic reshards).
 
-Algorithm: greedy per round, most loaded pairs first (by the remaining load of the busier end),
-each pair taking what both ends can still take. The greedy is maximal, so the pair finishing last
-had one saturated end in every earlier round: rounds <= 2 * bound + 1 always; in practice (see
-tests) it stays within a few percent of the bound.
-
-A pair's messages form one byte stream in ``order``; pieces never cross a message (one put reads
-one source tensor) and pieces of a message are never smaller than ``min_piece`` unless they are
-its last bytes.
+Agreement. The receiver needs, besides its own receives, each sender's total outgoing bytes; the
+sender needs only its ``Share``. Both travel in the per-run pairwise handshake (``exchange.py``);
+``sender_pieces`` then reproduces exactly the pieces of ``receiver_layout``.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 
 MiB = 1 << 20
@@ -40,14 +41,14 @@ SLOTS_ENV = "RESHARD_NVSHMEM_SLOTS"
 class StagingConfig:
     """Receive staging per rank: ``slots`` buffers of ``slot_bytes``; piece offsets align to ``align``.
 
-    ``min_piece`` (capped at ``slot_bytes``): no message is cut into a piece smaller than this
-    except its tail, so a nearly full slot is not filled with slivers.
+    ``min_piece``: a sender's share of a slot grows to this size where the slot has room left,
+    for fewer, larger puts (it never adds rounds).
     """
 
     slot_bytes: int = DEFAULT_SLOT_BYTES
     slots: int = DEFAULT_SLOTS
     align: int = 256
-    min_piece: int = 4096
+    min_piece: int = MiB
 
     def __post_init__(self) -> None:
         for name in ("slot_bytes", "slots", "align", "min_piece"):
@@ -113,38 +114,133 @@ class Piece:
 
 
 @dataclass(frozen=True)
+class RankSchedule:
+    """One rank's part of a run: the pieces it puts (by receiver, then in that receiver's rounds)
+    and the pieces landing in its own slots over its ``rounds`` rounds."""
+
+    config: StagingConfig
+    sends: tuple[Piece, ...]
+    recvs: tuple[Piece, ...]
+    rounds: int
+
+
+@dataclass(frozen=True)
+class Share:
+    """What a receiver grants one sender: a region at ``offset`` of each of its slots, filled with
+    ``per_round`` bytes of the sender's stream per round (0 when it sends only empty messages)."""
+
+    offset: int
+    per_round: int
+
+
+@dataclass(frozen=True)
+class ReceiverLayout:
+    """Where every incoming byte of one receiver lands, and the share each sender is told."""
+
+    pieces: tuple[Piece, ...]
+    rounds: int
+    shares: dict[int, Share]
+
+
+def _align(n: int, cfg: StagingConfig) -> int:
+    return -(-n // cfg.align) * cfg.align
+
+
+def _shares(totals: dict[int, int], out: dict[int, int], rounds: int, cfg: StagingConfig) -> dict[int, int]:
+    """Per-round bytes of each sender when the receiver itself takes ``rounds`` rounds: its bytes
+    spread over those rounds, or over the sender's own rounds when it is the busier one."""
+    return {src: -(-d // max(rounds, -(-out.get(src, d) // cfg.slot_bytes))) for src, d in totals.items()}
+
+
+@lru_cache(maxsize=4096)
+def receiver_layout(
+    dst: int,
+    incoming: tuple[tuple[int, int], ...],
+    sender_out: tuple[tuple[int, int], ...],
+    world: int,
+    cfg: StagingConfig,
+) -> ReceiverLayout:
+    """Layout of receiver ``dst`` for its ``incoming`` ``(src, nbytes)`` messages (each sender's in
+    order), given each sender's total outgoing bytes in the run (``sender_out``). Memoised, so a
+    plan's later refits recompute nothing. ``ValueError`` when a slot cannot hold one aligned
+    region per sender."""
+    sizes: dict[int, list[int]] = {}
+    for src, nbytes in incoming:
+        sizes.setdefault(src, []).append(nbytes)
+    order = sorted(sizes, key=lambda s: (s - dst) % world)  # receivers start at different senders
+    totals = {src: sum(sizes[src]) for src in order}
+    out = dict(sender_out)
+
+    def fits(rounds: int) -> bool:
+        per_round = _shares(totals, out, rounds, cfg)
+        return sum(_align(q, cfg) for q in per_round.values()) <= cfg.slot_bytes
+
+    low = max(1, -(-sum(totals.values()) // cfg.slot_bytes))
+    high = max([low] + list(totals.values()))
+    if not fits(high):
+        raise ValueError(
+            f"{cfg.slot_bytes}-byte slots cannot hold one {cfg.align}-byte region for each of "
+            f"{len(totals)} senders of rank {dst}"
+        )
+    while low < high:  # the fewest own rounds whose shares fit in a slot
+        mid = (low + high) // 2
+        low, high = (low, mid) if fits(mid) else (mid + 1, high)
+    per_round = _shares(totals, out, low, cfg)
+    # Spare room in the slot lets small shares grow to min_piece: fewer, larger puts, same rounds.
+    room = cfg.slot_bytes - sum(_align(q, cfg) for q in per_round.values())
+    for src in sorted(per_round, key=lambda s: (per_round[s], s)):
+        want = min(totals[src], cfg.min_piece)
+        extra = _align(want, cfg) - _align(per_round[src], cfg)
+        if per_round[src] < want and extra <= room:
+            per_round[src], room = want, room - extra
+    shares: dict[int, Share] = {}
+    offset = 0
+    for src in order:
+        shares[src] = Share(offset, per_round[src])
+        offset += _align(per_round[src], cfg)
+    pieces = tuple(p for src in order for p in sender_pieces(src, dst, sizes[src], shares[src], cfg))
+    rounds = max((p.round + 1 for p in pieces), default=0)
+    return ReceiverLayout(pieces, rounds, shares)
+
+
+def sender_pieces(
+    src: int, dst: int, sizes: Sequence[int], share: Share, cfg: StagingConfig
+) -> tuple[Piece, ...]:
+    """The pieces of ``src``'s messages (``sizes`` in order) to ``dst`` under ``share``."""
+    pieces: list[Piece] = []
+    pos = 0  # position in src's stream to dst
+    for order, nbytes in enumerate(sizes):
+        done = 0
+        while done < nbytes:
+            t, into = divmod(pos, share.per_round)
+            n = min(nbytes - done, share.per_round - into)
+            pieces.append(Piece(t, src, dst, order, done, n, t % cfg.slots, share.offset + into))
+            done, pos = done + n, pos + n
+    return tuple(pieces)
+
+
+@dataclass(frozen=True)
 class Schedule:
-    """The pieces of one run, sorted by (round, src, dst, order, msg_offset)."""
+    """Every receiver's layout of one run at once (for analysis and tests; ranks never build it)."""
 
     config: StagingConfig
     world: int
     pieces: tuple[Piece, ...]
     rounds: int
     lower_bound: int
-    _by_rank: dict[int, tuple[tuple[Piece, ...], tuple[Piece, ...]]] = field(
-        default_factory=dict, repr=False, compare=False
-    )
+    layouts: dict[int, ReceiverLayout]
 
     @property
     def ratio(self) -> float:
         """Rounds over the lower bound (1.0 when nothing moves)."""
         return self.rounds / self.lower_bound if self.lower_bound else 1.0
 
-    def sends_of(self, rank: int) -> tuple[Piece, ...]:
-        """The pieces ``rank`` puts, in schedule order."""
-        return self._split(rank)[0]
-
-    def recvs_of(self, rank: int) -> tuple[Piece, ...]:
-        """The pieces landing in ``rank``'s slots, in schedule order."""
-        return self._split(rank)[1]
-
-    def _split(self, rank: int) -> tuple[tuple[Piece, ...], tuple[Piece, ...]]:
-        if rank not in self._by_rank:
-            self._by_rank[rank] = (
-                tuple(p for p in self.pieces if p.src == rank),
-                tuple(p for p in self.pieces if p.dst == rank),
-            )
-        return self._by_rank[rank]
+    def for_rank(self, rank: int) -> RankSchedule:
+        """What ``rank`` would derive for itself after its handshakes."""
+        mine = [p for p in self.pieces if p.src == rank]
+        sends = tuple(sorted(mine, key=lambda p: (p.dst, p.round, p.order, p.msg_offset)))
+        layout = self.layouts.get(rank, ReceiverLayout((), 0, {}))
+        return RankSchedule(self.config, sends, layout.pieces, layout.rounds)
 
 
 def validate_messages(messages: Iterable[Message], world: int) -> tuple[Message, ...]:
@@ -184,56 +280,19 @@ def lower_bound(messages: Iterable[Message], slot_bytes: int) -> int:
 
 
 def build_schedule(messages: Iterable[Message], world: int, config: StagingConfig | None = None) -> Schedule:
-    """Schedule ``messages`` over ``world`` ranks (see the module docstring for the model)."""
+    """Every receiver's layout for ``messages`` (validated; see ``validate_messages``), as the ranks
+    derive them after their handshakes."""
     cfg = config or StagingConfig()
     msgs = validate_messages(messages, world)
-    streams: dict[tuple[int, int], list[Message]] = {}
+    incoming: dict[int, list[tuple[int, int]]] = {}
+    out: dict[int, int] = {}
     for m in msgs:
-        if m.nbytes:
-            streams.setdefault((m.src, m.dst), []).append(m)
-    cursor = {pair: [0, 0] for pair in streams}  # message index, offset inside it
-    left = {pair: sum(m.nbytes for m in ms) for pair, ms in streams.items()}
-    out_left: dict[int, int] = {}
-    in_left: dict[int, int] = {}
-    for (s, r), n in left.items():
-        out_left[s] = out_left.get(s, 0) + n
-        in_left[r] = in_left.get(r, 0) + n
-
-    min_piece = min(cfg.min_piece, cfg.slot_bytes)
-    pieces: list[Piece] = []
-    t = 0
-    while left:
-        slot = t % cfg.slots
-        send_room = dict.fromkeys(out_left, cfg.slot_bytes)
-        recv_used = dict.fromkeys(in_left, 0)
-        order = sorted(left, key=lambda p: (-max(out_left[p[0]], in_left[p[1]]), -left[p], p))
-        for pair in order:
-            s, r = pair
-            stream, cur = streams[pair], cursor[pair]
-            while cur[0] < len(stream):
-                msg = stream[cur[0]]
-                offset = -(-recv_used[r] // cfg.align) * cfg.align
-                rest = msg.nbytes - cur[1]
-                n = min(rest, send_room[s], cfg.slot_bytes - offset)
-                if n <= 0 or (n < rest and n < min_piece):
-                    break
-                pieces.append(Piece(t, s, r, msg.order, cur[1], n, slot, offset))
-                send_room[s] -= n
-                recv_used[r] = offset + n
-                out_left[s] -= n
-                in_left[r] -= n
-                left[pair] -= n
-                cur[1] += n
-                if cur[1] == msg.nbytes:
-                    cur[0], cur[1] = cur[0] + 1, 0
-            if not left[pair]:
-                del left[pair]
-        t += 1
-    pieces.sort()
-    return Schedule(cfg, world, tuple(pieces), t, lower_bound(msgs, cfg.slot_bytes))
-
-
-@lru_cache(maxsize=64)
-def cached_schedule(messages: tuple[Message, ...], world: int, config: StagingConfig) -> Schedule:
-    """``build_schedule`` memoised on the exact message tuple (the plan's run signature)."""
-    return build_schedule(messages, world, config)
+        incoming.setdefault(m.dst, []).append((m.src, m.nbytes))
+        out[m.src] = out.get(m.src, 0) + m.nbytes
+    layouts = {
+        dst: receiver_layout(dst, tuple(inc), tuple(sorted((s, out[s]) for s, _ in set(inc))), world, cfg)
+        for dst, inc in incoming.items()
+    }
+    pieces = tuple(sorted(p for layout in layouts.values() for p in layout.pieces))
+    rounds = max((layout.rounds for layout in layouts.values()), default=0)
+    return Schedule(cfg, world, pieces, rounds, lower_bound(msgs, cfg.slot_bytes), layouts)

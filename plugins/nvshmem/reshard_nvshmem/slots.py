@@ -8,23 +8,26 @@ Signal words (symmetric ``uint64``, never reset, so counts carry over from run t
   round in which this sender writes to it. A sender's k-th such (round, receiver) waits for the
   k-th credit, so no slot is written before its previous round was drained.
 
-A receiver grants the senders of rounds ``0 .. slots-1`` when the run starts (its slots were all
-drained by the previous run) and the senders of round ``t + slots`` right after it drained round
-``t``. Each rank runs its sends on one stream and its receives on another, both in round order;
-a round-``t`` send waits only on round ``t - slots`` drains and a round-``t`` receive only on
-round-``t`` sends, so by induction on ``t`` the steps cannot deadlock.
+A receiver grants the senders of its rounds ``0 .. slots-1`` when the run starts (its slots were
+all drained by the previous run) and the senders of its round ``t + slots`` right after it drained
+round ``t``. A rank receives on one stream, in round order, and sends to each receiver on a stream
+of its own, in that receiver's round order. A put into round ``t`` of receiver ``r`` waits only on
+``r`` draining round ``t - slots``, and ``r`` drains round ``t`` once the puts of round ``t``
+landed: by induction on ``r``'s rounds nothing can deadlock, whatever other receivers do. (One
+send stream per rank would serialise its receivers: each would wait for the ones before it.)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .schedule import Piece, Schedule
+from .schedule import Piece, RankSchedule
 
 
 @dataclass(frozen=True)
 class SendStep:
-    """Wait until ``credits[peer] >= credit``, then put ``pieces`` into ``peer``'s slot."""
+    """On the stream to ``peer``: wait until ``credits[peer] >= credit``, then put ``pieces``
+    into ``peer``'s slot of its round ``round``."""
 
     round: int
     peer: int
@@ -64,21 +67,21 @@ class SignalLedger:
         if not self.arrivals:
             self.arrivals = [0] * self.slots
 
-    def program(self, schedule: Schedule, rank: int) -> RankProgram:
-        """This rank's steps for ``schedule``; the ledger then expects the counts after it."""
+    def program(self, schedule: RankSchedule) -> RankProgram:
+        """This rank's steps for its part of a run; the ledger then expects the counts after it."""
         if schedule.config.slots != self.slots:
             raise ValueError(f"ledger has {self.slots} slots, schedule {schedule.config.slots}")
         slots = self.slots
         sends: list[SendStep] = []
         by_step: dict[tuple[int, int], list[Piece]] = {}
-        for p in schedule.sends_of(rank):
+        for p in sorted(schedule.sends, key=lambda p: (p.dst, p.round)):
             by_step.setdefault((p.round, p.dst), []).append(p)
         for (t, peer), pieces in by_step.items():
             self.credits[peer] = self.credits.get(peer, 0) + 1
             sends.append(SendStep(t, peer, self.credits[peer], tuple(pieces)))
 
         incoming: dict[int, list[Piece]] = {}
-        for p in schedule.recvs_of(rank):
+        for p in schedule.recvs:
             incoming.setdefault(p.round, []).append(p)
 
         def senders(t: int) -> tuple[int, ...]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import importlib
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -41,20 +42,6 @@ def _cuda_core() -> Any:
         return importlib.import_module("cuda.core")
     except ImportError:
         return importlib.import_module("cuda.core.experimental")
-
-
-class _StreamRef:
-    """A torch stream in the ``__cuda_stream__`` protocol nvshmem4py's on-stream calls take."""
-
-    def __init__(self, stream: torch.cuda.Stream):
-        self.stream = stream
-
-    def __cuda_stream__(self) -> tuple[int, int]:
-        return (0, self.stream.cuda_stream)
-
-    @property
-    def handle(self) -> int:
-        return self.stream.cuda_stream
 
 
 class NvshmemRuntime:
@@ -116,58 +103,79 @@ def _init_from_group(nv: Any, group: dist.ProcessGroup | None, rank: int, size: 
 
 class SymmetricStaging:
     """This PE's receive slots and signal words (``arrivals[slots]`` then ``credits[n_pes]``), and
-    the engine's ``StreamOps`` on them. Construction and ``free()`` are collective."""
+    the engine's ``StreamOps`` on them. Construction and ``free()`` are collective.
+
+    Memory, init and free go through ``nvshmem.core``; the per-piece calls go straight to
+    ``nvshmem.bindings`` (nvshmem4py's 1:1 mirror of the C API) with raw pointers and stream
+    handles, which spares a run thousands of Python ``Buffer`` objects and checks."""
 
     def __init__(self, nv: Any, config: StagingConfig, group: dist.ProcessGroup | None):
         self.nv, self.config, self.group = nv, config, group
         self.me, n_pes = dist.get_rank(group), dist.get_world_size(group)
-        self._buffer_cls = _cuda_core().Buffer
-        self._add, self._ge = nv.SignalOp.SIGNAL_ADD, nv.ComparisonType.CMP_GE
+        self._c = importlib.import_module("nvshmem.bindings")
+        self._add, self._ge = int(nv.SignalOp.SIGNAL_ADD), int(nv.ComparisonType.CMP_GE)
         self.slot_bufs = [nv.buffer(config.slot_bytes) for _ in range(config.slots)]
         self.signal_buf = nv.buffer(8 * (config.slots + n_pes))
+        self._slot_ptrs = [int(b.handle) for b in self.slot_bufs]
+        self._signals = int(self.signal_buf.handle)
         self.slot_views = [_as_bytes(b) for b in self.slot_bufs]
         self.signal_view = _as_bytes(self.signal_buf).view(torch.int64)
         self.signal_view.zero_()
         torch.cuda.synchronize()
         dist.barrier(group=group)  # every PE zeroed its words before anyone signals into them
         self.ledger = SignalLedger(config.slots)
-        self.send_stream, self.recv_stream = torch.cuda.Stream(), torch.cuda.Stream()
-        self._send, self._recv = _StreamRef(self.send_stream), _StreamRef(self.recv_stream)
+        self.recv_stream = torch.cuda.Stream()
+        self._sends: dict[int, torch.cuda.Stream] = {}  # one stream per receiver, made on first use
+        self._active: list[torch.cuda.Stream] = []
 
-    def _word(self, index: int) -> Any:
-        return self._buffer_cls.from_handle(int(self.signal_buf.handle) + 8 * index, 8)
+    def _send(self, peer: int) -> int:
+        if peer not in self._sends:
+            self._sends[peer] = torch.cuda.Stream()
+        stream = self._sends[peer]
+        if stream not in self._active:  # first use in this run: order it after the caller's work
+            stream.wait_stream(torch.cuda.current_stream())
+            self._active.append(stream)
+        return stream.cuda_stream
+
+    def _word(self, index: int) -> int:
+        return self._signals + 8 * index
 
     # StreamOps --------------------------------------------------------------------------------
     def grant(self, peer: int) -> None:
-        self.nv.signal_op(self._word(self.config.slots + self.me), 1, self._add, peer, stream=self._recv)
+        word = self._word(self.config.slots + self.me)
+        self._c.signal_op_on_stream(word, 1, self._add, peer, self.recv_stream.cuda_stream)
 
     def wait_credit(self, peer: int, value: int) -> None:
-        self.nv.signal_wait(self._word(self.config.slots + peer), value, self._ge, stream=self._send)
+        word = self._word(self.config.slots + peer)
+        self._c.signal_wait_until_on_stream(word, self._ge, value, self._send(peer))
 
     def put(self, peer: int, src: torch.Tensor, slot: int, offset: int) -> None:
-        dst = self._buffer_cls.from_handle(int(self.slot_bufs[slot].handle) + offset, src.numel())
-        source = self._buffer_cls.from_handle(src.data_ptr(), src.numel())
-        self.nv.put_signal(dst, source, self._word(slot), 1, self._add, peer, stream=self._send)
+        dst = self._slot_ptrs[slot] + offset
+        self._c.putmem_signal_on_stream(
+            dst, src.data_ptr(), src.numel(), self._word(slot), 1, self._add, peer, self._send(peer)
+        )
 
     def wait_arrival(self, slot: int, value: int) -> None:
-        self.nv.signal_wait(self._word(slot), value, self._ge, stream=self._recv)
+        self._c.signal_wait_until_on_stream(self._word(slot), self._ge, value, self.recv_stream.cuda_stream)
 
-    def unpack(self, dst: torch.Tensor, slot: int, offset: int) -> None:
-        with torch.cuda.stream(self.recv_stream):
-            dst.copy_(self.slot_views[slot][offset : offset + dst.numel()], non_blocking=True)
+    def unpack(self, slot: int, pieces: Sequence[tuple[torch.Tensor, int]]) -> None:
+        view = self.slot_views[slot]
+        with torch.cuda.stream(self.recv_stream):  # one fused launch for the round's pieces
+            torch._foreach_copy_([dst for dst, _ in pieces], [view[o : o + dst.numel()] for dst, o in pieces])
 
     # run boundaries ---------------------------------------------------------------------------
     def begin(self) -> None:
-        """Our streams start after the caller's pending work on the tensors."""
-        current = torch.cuda.current_stream()
-        self.send_stream.wait_stream(current)
-        self.recv_stream.wait_stream(current)
+        """Our streams start after the caller's pending work on the tensors (send streams when
+        first used in the run)."""
+        self.recv_stream.wait_stream(torch.cuda.current_stream())
+        self._active = []
 
     def finish(self, timeout: float) -> None:
-        """Return once both streams drained, or raise naming what is missing after ``timeout`` s."""
-        events = [torch.cuda.Event(), torch.cuda.Event()]
-        events[0].record(self.send_stream)
-        events[1].record(self.recv_stream)
+        """Return once the run's streams drained, or raise naming what is missing after ``timeout`` s."""
+        events = []
+        for stream in (self.recv_stream, *self._active):
+            events.append(torch.cuda.Event())
+            events[-1].record(stream)
         deadline = time.monotonic() + timeout
         while not all(e.query() for e in events):
             if time.monotonic() > deadline:

@@ -1,22 +1,19 @@
 """Transport ``nvshmem``: one-sided puts of packed messages into the receivers' symmetric slots.
 
-Per ``run()``: the run's schedule (``schedule.py``; agreed as described in ``exchange.py``) says
-which piece of which message goes into which receiver slot in which round; ``slots.py`` turns this
-rank's part into stream steps; ``engine.py`` issues them on ``symmetric.py``'s two CUDA streams:
-sends put straight from the submitted (already packed) tensors and signal the receiver, receives
-wait for the signals, unpack on their own stream and hand the slot back to the next writer. No
-barrier per chunk; completion is by signals.
+Per ``run()``: one small handshake with each peer (``exchange.py``) fixes which piece of which
+message goes into which receiver slot in which round (``schedule.py``); ``slots.py`` turns this
+rank's part into stream steps; ``engine.py`` issues them on ``symmetric.py``'s CUDA streams (one
+per receiver for puts, one for receiving): sends put straight from the submitted (already packed)
+tensors and signal the receiver, receives wait for the signals, unpack on their own stream and
+hand the slot back to the next writer. No barrier per chunk; completion is by signals.
 
 NVSHMEM is bootstrapped when the first service of a process is built, from the service's
 torch.distributed group (unique id broadcast as a uint8 tensor), and finalized when the last one
-closes. Building the service is therefore collective over its group (every rank builds it, as
-``refit`` does), while ``run()`` needs nothing from ranks it does not exchange with but the small
-per-run schedule gather.
+closes. Building and closing the service are therefore collective over its group (every rank
+builds it, as ``refit`` does); ``run()`` involves only the peers this rank exchanges bytes with.
 """
 
 from __future__ import annotations
-
-from collections.abc import Hashable
 
 import torch
 import torch.distributed as dist
@@ -25,7 +22,7 @@ from reshard_core.errors import TransportError
 from reshard_core.transport.copy_service import CopyService
 
 from .engine import enqueue, split_messages
-from .exchange import RunSchedules, group_rank
+from .exchange import agree_run, group_rank
 from .schedule import StagingConfig
 from .symmetric import NvshmemRuntime, SymmetricStaging, load_nvshmem
 
@@ -37,10 +34,8 @@ class NvshmemCopyService(CopyService):
 
     Staging per rank: ``slots`` × ``slot_bytes`` of symmetric memory (default 2 × 64 MiB; also
     ``RESHARD_NVSHMEM_SLOTS`` / ``RESHARD_NVSHMEM_SLOT_BYTES``). Ops pair by submission order per
-    peer, like the two-sided transports (task ids are not needed). Construction, ``run()`` and
-    ``close()`` are collective over the group: every rank calls ``run()`` once per batch (also with
-    nothing queued). Call ``begin_plan(key)`` on every rank before each refit of a plan to skip the
-    per-run message exchange after the plan's first refit (see ``exchange.py``).
+    peer, like the two-sided transports (task ids are not needed). Construction and ``close()``
+    are collective over the group; ``run()`` only with the peers it moves bytes to or from.
     """
 
     name = "nvshmem"
@@ -91,12 +86,10 @@ class NvshmemCopyService(CopyService):
             raise TransportError(
                 f"nvshmem: allocating {self.config.total_bytes} B of symmetric memory failed: {exc}"
             ) from exc
-        self._schedules = RunSchedules(group, self.config)
+        self._me = dist.get_rank(group)
+        world = group or dist.group.WORLD
+        self._ranks = [dist.get_global_rank(world, g) for g in range(dist.get_world_size(group))]
         self._state = "ready"  # ready -> closed; failed (nothing in flight) or broken (streams stuck)
-
-    def begin_plan(self, key: Hashable | None) -> None:
-        """The following runs are the batches of one refit of plan ``key`` (same key on every rank)."""
-        self._schedules.begin_plan(key)
 
     def submit_send(self, tensor: torch.Tensor, dest_rank: int, task_id: int) -> None:
         self._sends.append((self._checked(tensor, "send to", dest_rank), self._peer(dest_rank)))
@@ -106,7 +99,7 @@ class NvshmemCopyService(CopyService):
 
     def _peer(self, rank: int) -> int:
         peer = group_rank(self.group, rank)
-        if peer == self._schedules.me:
+        if peer == self._me:
             raise TransportError(f"nvshmem cannot move data from rank {rank} to itself (copy it locally)")
         return peer
 
@@ -127,30 +120,37 @@ class NvshmemCopyService(CopyService):
         return tensor
 
     def run(self) -> None:
+        self.start().wait()
+
+    def start(self) -> _Transfer:
+        """Agree on the run with the peers and issue it on the streams; the returned handle's
+        ``wait()`` completes it. Between the two the caller may do other work (the executor packs
+        its next batch), which the puts and unpacks overlap."""
         self._require_ready()
         sends, recvs = self._sends, self._recvs
         self._sends, self._recvs = [], []
-        staging, me = self._staging, self._schedules.me
         send_map, recv_map, run = split_messages(sends, recvs)
         timeout = self.timeout or DEFAULT_TIMEOUT_S
         try:
-            schedule = self._schedules.schedule_for(run, timeout)
-            program = staging.ledger.program(schedule, me)
+            schedule = agree_run(run, self._me, self.group, self._ranks, self.config, timeout)
+            program = self._staging.ledger.program(schedule)
         except TransportError:
             self._state = "failed"
             raise
         except Exception as exc:
             self._state = "failed"
-            raise TransportError(f"nvshmem schedule failed: {exc}") from exc
+            raise TransportError(f"nvshmem handshake failed: {exc}") from exc
         try:
-            staging.begin()
-            enqueue(program, send_map, recv_map, staging)
-            staging.finish(timeout)
+            self._staging.begin()
+            enqueue(program, send_map, recv_map, self._staging)
         except Exception as exc:
-            self._state = "broken"
-            if isinstance(exc, TransportError):
-                raise
-            raise TransportError(f"nvshmem run failed on rank {self._schedules.ranks[me]}: {exc}") from exc
+            raise self._broken(exc) from exc
+        return _Transfer(self, timeout)
+
+    def _broken(self, exc: Exception) -> TransportError:
+        """Mark the service unusable (streams may still wait on peers); the error to raise."""
+        self._state = "broken"
+        return TransportError(f"nvshmem run failed on rank {self._ranks[self._me]}: {exc}")
 
     def close(self) -> None:
         """Free this service's symmetric memory; NVSHMEM is finalized with its last service.
@@ -162,3 +162,22 @@ class NvshmemCopyService(CopyService):
             torch.cuda.synchronize()
             self._staging.free()
             NvshmemRuntime.release(self._nv)
+
+
+class _Transfer:
+    """A started run; ``wait()`` returns when every put and unpack of it completed."""
+
+    def __init__(self, service: NvshmemCopyService, timeout: float):
+        self._service, self._timeout, self._done = service, timeout, False
+
+    def wait(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        try:
+            self._service._staging.finish(self._timeout)
+        except TransportError:
+            self._service._state = "broken"
+            raise
+        except Exception as exc:
+            raise self._service._broken(exc) from exc
