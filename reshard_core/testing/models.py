@@ -96,8 +96,9 @@ def build_gpt(
     bias: bool = True,
     tied: bool = False,
     expert_bias: bool = False,
+    dtype: torch.dtype = torch.float32,
 ):
-    """A Megatron-Core ``GPTModel`` (local layer spec, CPU init, fp32) in ``pg_collection``'s layout.
+    """A Megatron-Core ``GPTModel`` (local layer spec, CPU init, params in ``dtype``) in ``pg_collection``'s layout.
 
     ``num_moe_experts`` makes every layer MoE with SequentialMLP experts (top-2 router).
     ``expert_bias`` adds the router's persistent ``expert_bias`` buffer (fp32, one per expert) by
@@ -123,7 +124,7 @@ def build_gpt(
         num_layers=num_layers, hidden_size=hidden_size, num_attention_heads=num_attention_heads,
         num_query_groups=num_query_groups, ffn_hidden_size=ffn_hidden_size, gated_linear_unit=gated,
         add_bias_linear=bias, use_cpu_initialization=True, tensor_model_parallel_size=tp,
-        pipeline_model_parallel_size=pp, pipeline_dtype=torch.float32, params_dtype=torch.float32,
+        pipeline_model_parallel_size=pp, pipeline_dtype=dtype, params_dtype=dtype, bf16=dtype == torch.bfloat16,
         hidden_dropout=0.0, attention_dropout=0.0, init_method=init, output_layer_init_method=init,
         embedding_init_method=init, **extra,
     )  # fmt: skip
