@@ -81,15 +81,24 @@ def style_of(par: Parallel, side: str) -> str:
 
 
 def build_model(
-    config: GPTConfig, par: Parallel, side: str, *, seed: int, dtype: torch.dtype = torch.bfloat16
+    config: GPTConfig,
+    par: Parallel,
+    side: str,
+    *,
+    seed: int,
+    dtype: torch.dtype = torch.bfloat16,
+    offset: int = 0,
 ) -> Built:
-    """This rank's part of ``GPT(config)`` in layout ``par`` (resolved to the world), filled from
-    ``seed``. Collective over the world."""
+    """This rank's part of ``GPT(config)`` in layout ``par`` over ranks ``[offset, offset +
+    par.world)``, filled from ``seed`` (``model`` is None on other ranks). Collective over the world.
+    FSDP2 layouts must cover the whole world."""
     style = style_of(par, side)
     if style == "fsdp2":
+        if offset or par.world != dist.get_world_size():
+            raise ValueError(f"an FSDP2 layout ({par}) must cover the whole world of {dist.get_world_size()}")
         model, holdings = _build_fsdp(config, par, seed, dtype)
     else:
-        model, holdings = _build_sharded(config, par, seed, dtype, declared=style == "declared")
+        model, holdings = _build_sharded(config, par, seed, dtype, offset, declared=style == "declared")
     return Built(model, holdings, style, str(par))
 
 
@@ -156,27 +165,29 @@ def _coords(par: Parallel, rank: int) -> tuple[int, int, int]:
     return rank % par.tp, rank // par.tp % par.pp, rank // (par.tp * par.pp)
 
 
-def _groups(par: Parallel) -> dict[str, Any]:
-    """This rank's TP, PP and DP groups (created by every rank of the world, in the same order)."""
-    world = range(par.world)
+def _groups(par: Parallel, offset: int) -> dict[str, Any]:
+    """This rank's TP, PP and DP groups (None outside the layout's ranks); every rank of the world
+    creates every group, in the same order."""
     out = {}
     for key, axis in (("tp", 0), ("pp", 1), ("dp", 2)):
         members: dict[tuple[int, ...], list[int]] = {}
-        for r in world:
+        for r in range(par.world):
             c = _coords(par, r)
-            members.setdefault(c[:axis] + c[axis + 1 :], []).append(r)
+            members.setdefault(c[:axis] + c[axis + 1 :], []).append(offset + r)
         out[key], _ = dist.new_subgroups_by_enumeration(list(members.values()))
     return out
 
 
 def _build_sharded(
-    config: GPTConfig, par: Parallel, seed: int, dtype: torch.dtype, *, declared: bool
-) -> tuple[nn.Module, list[Holding]]:
+    config: GPTConfig, par: Parallel, seed: int, dtype: torch.dtype, offset: int, *, declared: bool
+) -> tuple[nn.Module | None, list[Holding]]:
     if config.num_layers % par.pp:
         raise ValueError(f"{config.num_layers} layers do not divide into pp={par.pp} stages")
     rank = dist.get_rank()
-    groups = _groups(par)
-    tp_i, pp_i, _ = _coords(par, rank)
+    groups = _groups(par, offset)
+    if not offset <= rank < offset + par.world:
+        return None, []
+    _, pp_i, _ = _coords(par, rank - offset)
     tp_ranks = tuple(dist.get_process_group_ranks(groups["tp"]))
     per_stage = config.num_layers // par.pp
     with torch.device("meta"):

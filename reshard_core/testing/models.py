@@ -98,7 +98,7 @@ def build_gpt(
     expert_bias: bool = False,
     dtype: torch.dtype = torch.float32,
 ):
-    """A Megatron-Core ``GPTModel`` (local layer spec, CPU init, params in ``dtype``) in ``pg_collection``'s layout.
+    """A Megatron-Core ``GPTModel`` (local layer spec, CPU init, ``dtype``) in ``pg_collection``'s layout.
 
     ``num_moe_experts`` makes every layer MoE with SequentialMLP experts (top-2 router).
     ``expert_bias`` adds the router's persistent ``expert_bias`` buffer (fp32, one per expert) by
@@ -124,9 +124,9 @@ def build_gpt(
         num_layers=num_layers, hidden_size=hidden_size, num_attention_heads=num_attention_heads,
         num_query_groups=num_query_groups, ffn_hidden_size=ffn_hidden_size, gated_linear_unit=gated,
         add_bias_linear=bias, use_cpu_initialization=True, tensor_model_parallel_size=tp,
-        pipeline_model_parallel_size=pp, pipeline_dtype=dtype, params_dtype=dtype, bf16=dtype == torch.bfloat16,
-        hidden_dropout=0.0, attention_dropout=0.0, init_method=init, output_layer_init_method=init,
-        embedding_init_method=init, **extra,
+        pipeline_model_parallel_size=pp, pipeline_dtype=dtype, params_dtype=dtype,
+        bf16=dtype == torch.bfloat16, hidden_dropout=0.0, attention_dropout=0.0, init_method=init,
+        output_layer_init_method=init, embedding_init_method=init, **extra,
     )  # fmt: skip
     pp_rank = pg_collection.pp.rank()
     model = GPTModel(
@@ -163,12 +163,25 @@ def _set_megatron_values(model: nn.Module, seed: int) -> None:
                     for k, expert in enumerate(sub.local_experts):
                         key = f"L{layer.layer_number}|E{layer.mlp.local_expert_indices[k]}"
                         keys.update({id(t): f"{key}|{n}" for n, t in _tensors(expert)})
+    pgs = model.pg_collection
     with torch.no_grad():
         for _, t in _tensors(model):
-            if not getattr(t, "tensor_model_parallel", False) and t.is_floating_point():
+            if not t.is_floating_point():
+                continue
+            if not getattr(t, "tensor_model_parallel", False):
                 t.copy_(coord_values(t.shape, seed, t.dtype))
-            if t.is_floating_point():
-                t.add_(salt(keys[id(t)]))
+            elif t.dim() == 1:  # Megatron zero-fills TP-split biases: give them telling values
+                group = pgs.expt_tp if getattr(t, "allreduce", True) is False else pgs.tp
+                t.copy_(_megatron_shard(coord_values((t.numel() * group.size(),), seed, t.dtype),
+                                        group.size(), group.rank(), getattr(t, "partition_stride", 1)))
+            t.add_(salt(keys[id(t)]))
+
+
+def _megatron_shard(full: torch.Tensor, width: int, index: int, stride: int) -> torch.Tensor:
+    """TP rank ``index``'s part of ``full`` (dim 0) as Megatron splits it: ``full`` cut into
+    ``width * stride`` equal chunks, the rank holding chunks ``index, index + width, ...``."""
+    chunks = full.chunk(width * stride)
+    return torch.cat([chunks[index + k * width] for k in range(stride)])
 
 
 def _tensors(module: nn.Module):
