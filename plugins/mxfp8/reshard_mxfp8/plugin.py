@@ -1,6 +1,15 @@
-"""Hook module of reshard-mxfp8: declares the plugin API; hook implementations join as they land."""
+"""Hook module of reshard-mxfp8 (entry point ``reshard``: ``mxfp8``).
+
+- ``reshard_extract_tensor``: a destination weight converted by ``make_mxfp8`` is reported with its
+  original layout, ``tensor=None`` and ``source=<MXFP8Destination>``; using it as a refit source is an
+  error. DTensor params whose local tensor is a (TE) quantized tensor go to ``te_extract``.
+- ``reshard_transforms``: attaches one ``MXFP8ReshardTransform`` for a destination model holding
+  MXFP8 destinations, claiming the patterns they were made with.
+"""
 
 from __future__ import annotations
+
+from reshard_core.hookspecs import hookimpl
 
 RESHARD_PLUGIN_API = 1
 
@@ -8,3 +17,36 @@ RESHARD_PLUGIN_API = 1
 def unavailable_reason() -> str | None:
     """The pure-PyTorch MXFP8 format works everywhere; TE and FlashInfer are optional accelerators."""
     return None
+
+
+@hookimpl
+def reshard_extract_tensor(qualname, tensor, owner, model, side, context):
+    """Specs for MXFP8 destinations and TE quantized FSDP2 params; None for anything else."""
+    from .destinations import MARKER
+
+    dest = getattr(tensor, MARKER, None)
+    if dest is not None:
+        from reshard_core.extract import ExtractError
+        from reshard_core.specs import TensorSpec
+
+        if side != "dst":
+            raise ExtractError(
+                f"tensor '{qualname}' is an MXFP8 destination (make_mxfp8) and cannot be a refit source"
+            )
+        return [TensorSpec(dest.meta, dest.layout, None, source=dest)]
+    from .te_extract import extract_quantized
+
+    return extract_quantized(qualname, tensor, side, context)
+
+
+@hookimpl
+def reshard_transforms(model, specs):
+    """An ``MXFP8ReshardTransform`` over the MXFP8 destinations among ``specs``, or None."""
+    from .destinations import MXFP8Destination
+    from .transform import MXFP8ReshardTransform
+
+    dests = {s.meta.name: s.source for s in specs if isinstance(s.source, MXFP8Destination)}
+    if not dests:
+        return None
+    rules = list(dict.fromkeys(rule for d in dests.values() for rule in d.rules))
+    return MXFP8ReshardTransform(rules=rules, destinations=dests)
