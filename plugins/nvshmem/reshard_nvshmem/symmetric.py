@@ -112,6 +112,7 @@ class SymmetricStaging:
     def __init__(self, nv: Any, config: StagingConfig, group: dist.ProcessGroup | None):
         self.nv, self.config, self.group = nv, config, group
         self.me, n_pes = dist.get_rank(group), dist.get_world_size(group)
+        self.device = torch.device("cuda", torch.cuda.current_device())  # where tensors must live
         self._c = importlib.import_module("nvshmem.bindings")
         self._add, self._ge = int(nv.SignalOp.SIGNAL_ADD), int(nv.ComparisonType.CMP_GE)
         self.slot_bufs = [nv.buffer(config.slot_bytes) for _ in range(config.slots)]
@@ -198,6 +199,8 @@ class SymmetricStaging:
         return "; ".join(late) or "no signal is short (a stream is stuck elsewhere)"
 
     def free(self) -> None:
+        """Release the symmetric memory (collective)."""
+        torch.cuda.synchronize()
         for buf in (*self.slot_bufs, self.signal_buf):
             self.nv.free(buf)
         self.slot_bufs, self.slot_views = [], []

@@ -71,7 +71,6 @@ class NvshmemCopyService(CopyService):
             )
         self._sends: list[tuple[torch.Tensor, int]] = []
         self._recvs: list[tuple[torch.Tensor, int]] = []
-        self._device = torch.device("cuda", torch.cuda.current_device())
         self._nv = load_nvshmem()[0]
         try:
             NvshmemRuntime.acquire(self._nv, group)
@@ -111,9 +110,9 @@ class NvshmemCopyService(CopyService):
 
     def _checked(self, tensor: torch.Tensor, what: str, peer: int) -> torch.Tensor:
         self._require_ready()
-        if tensor.device != self._device or not tensor.is_contiguous():
+        if tensor.device != self._staging.device or not tensor.is_contiguous():
             raise TransportError(
-                f"nvshmem {what} rank {peer}: needs a contiguous tensor on {self._device} (the GPU "
+                f"nvshmem {what} rank {peer}: needs a contiguous tensor on {self._staging.device} (the GPU "
                 f"NVSHMEM runs on), got a {'' if tensor.is_contiguous() else 'non-contiguous '}"
                 f"tensor on {tensor.device}"
             )
@@ -159,7 +158,6 @@ class NvshmemCopyService(CopyService):
         state, self._state = self._state, "closed"
         self._sends, self._recvs = [], []
         if state in ("ready", "failed"):
-            torch.cuda.synchronize()
             self._staging.free()
             NvshmemRuntime.release(self._nv)
 
