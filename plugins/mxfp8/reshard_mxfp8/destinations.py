@@ -58,10 +58,10 @@ class MXFP8Destination:
     meta: Any  # reshard_core.specs.TensorMeta of the original weight (global shape, original dtype)
     layout: Any  # reshard_core.layout.Layout of the original weight
     form: str
-    data: torch.Tensor
-    scale: torch.Tensor
-    rules: tuple[tuple[str, str], ...]
-    te_tensor: Any = None
+    data: torch.Tensor = field(repr=False)
+    scale: torch.Tensor = field(repr=False)
+    rules: tuple[tuple[str, str], ...] = ()
+    te_tensor: Any = field(default=None, repr=False)
     _swizzle_index: torch.Tensor | None = field(default=None, repr=False)
 
     @property

@@ -2,7 +2,7 @@
 
 - ``reshard_extract_tensor``: a destination weight converted by ``make_mxfp8`` is reported with its
   original layout, ``tensor=None`` and ``source=<MXFP8Destination>``; using it as a refit source is an
-  error. DTensor params whose local tensor is a (TE) quantized tensor go to ``te_extract``.
+  error. (TE quantized FSDP2 params are not handled yet.)
 - ``reshard_transforms``: attaches one ``MXFP8ReshardTransform`` for a destination model holding
   MXFP8 destinations, claiming the patterns they were made with.
 """
@@ -21,7 +21,7 @@ def unavailable_reason() -> str | None:
 
 @hookimpl
 def reshard_extract_tensor(qualname, tensor, owner, model, side, context):
-    """Specs for MXFP8 destinations and TE quantized FSDP2 params; None for anything else."""
+    """Specs for MXFP8 destinations; None for anything else."""
     from .destinations import MARKER
 
     dest = getattr(tensor, MARKER, None)
@@ -34,9 +34,7 @@ def reshard_extract_tensor(qualname, tensor, owner, model, side, context):
                 f"tensor '{qualname}' is an MXFP8 destination (make_mxfp8) and cannot be a refit source"
             )
         return [TensorSpec(dest.meta, dest.layout, None, source=dest)]
-    from .te_extract import extract_quantized
-
-    return extract_quantized(qualname, tensor, side, context)
+    return None
 
 
 @hookimpl
