@@ -105,15 +105,15 @@ def per_batch(messages: list[Message]) -> list[list[Message]]:
     return [runs[k] for k in sorted(runs)]
 
 
-@pytest.mark.parametrize("src_tp,dst_tp", [(4, 8), (8, 2), (8, 1)])
-def test_realistic_64_ranks_2000_tensors(src_tp: int, dst_tp: int) -> None:
+@pytest.mark.parametrize("src_tp,dst_tp,runs", [(4, 8, 4), (8, 2, 4), (8, 1, 1)])
+def test_realistic_64_ranks_2000_tensors(src_tp: int, dst_tp: int, runs: int) -> None:
     messages = tp_dp_messages(world=64, src_tp=src_tp, dst_tp=dst_tp, n_tensors=2000, batches=4)
     cfg = StagingConfig()  # 2 x 64 MiB
     print(
         f"\nTP{src_tp}->TP{dst_tp} x DP, 64 ranks, 2000 tensors, {len(messages)} messages, "
         f"{sum(m.nbytes for m in messages) / 2**30:.1f} GiB in 4 runs (batches):"
     )
-    for run in per_batch(messages):
+    for run in per_batch(messages)[:runs]:  # TP8->TP1 (56 senders per receiver): one run is plenty
         sched = build_schedule(run, 64, cfg)
         check_schedule(sched, run)
         exact = heaviest(run) / cfg.slot_bytes
