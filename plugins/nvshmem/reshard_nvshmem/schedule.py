@@ -13,7 +13,8 @@ a sender fills its region with the next ``Share.per_round`` bytes of its message
 receiver spreads each sender's bytes evenly over ``max(its own rounds, the sender's rounds)``,
 where a rank's rounds are ``ceil(bytes / slot_bytes)`` of what it receives, resp. sends, in the
 run. So every rank receives at most ``slot_bytes`` and sends about ``slot_bytes`` per round (up to
-rounding and the ``min_piece`` floor of a share), all ranks send and receive in every round, and
+rounding, and shares grown to ``min_piece`` where a slot has room), all ranks send and receive in
+every round, and
 the rounds stay within rounding of the bound ``ceil(max over ranks of bytes sent or received /
 slot_bytes)`` (the tests measure it on realistic reshards).
 
