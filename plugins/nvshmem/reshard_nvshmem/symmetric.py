@@ -203,7 +203,7 @@ class SymmetricStaging:
         torch.cuda.synchronize()
         for buf in (*self.slot_bufs, self.signal_buf):
             self.nv.free(buf)
-        self.slot_bufs, self.slot_views = [], []
+        self.slot_bufs, self.slot_views, self.signal_view = [], [], None
 
 
 def _as_bytes(buf: Any) -> torch.Tensor:
