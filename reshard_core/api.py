@@ -85,6 +85,9 @@ class Session:
     transforms: list[ReshardTransform]
     metadata_bytes: int
     seconds: dict[str, float]
+    refreshers: list[Any] = field(default_factory=list)
+    """Source ``spec.source`` objects with a ``refresh_source()`` method: called before every execution so
+    a source tensor derived from live data (e.g. a dequantized copy of a quantized param) is never stale."""
 
 
 @dataclass
@@ -169,6 +172,8 @@ def refit(
     start = time.perf_counter()
     session, reused = _session(src, dst, transport, group, transform, max_batch_bytes, ignore, tied, timeout)
     with torch.no_grad():  # destinations are usually leaf Parameters that require grad
+        for source in session.refreshers:
+            source.refresh_source()
         stats = execute_plan(
             session.plan, session.src_tensors, session.dst_tensors, session.transport,
             transform=session.transforms or None, cast=cast,
@@ -234,6 +239,7 @@ def _build(src, dst, sides, transport, group, transform, max_batch_bytes, ignore
         transforms=transforms,
         metadata_bytes=exchange_stats.bytes,
         seconds=seconds,
+        refreshers=[spec.source for spec in src_specs if hasattr(spec.source, "refresh_source")],
     )
 
 
