@@ -112,7 +112,10 @@ def _noncolocated_cases(rank: int) -> dict:
 
 def _cache_cases(rank: int) -> dict:
     """A replicated source, a destination declared Shard(0) over ranks 0-3; then re-declared."""
+    import gc
+
     import reshard_core
+    from reshard_core import api
 
     ranks = (0, 1, 2, 3)
     full = torch.arange(12 * 8, dtype=torch.float32).reshape(12, 8)
@@ -138,6 +141,13 @@ def _cache_cases(rank: int) -> dict:
     if dst is not None:
         out["reshaped"] = torch.equal(dst.weight, full)
     out["reused"] = [r.reused_plan for r in reports]
+    # a session holds its models weakly: once one is collected the session goes, so a new model
+    # that happens to get the dead one's id can never pick up its plan
+    if dst is not None:
+        keys = [k for k, cached in api._sessions.items() if any(ref() is dst for ref in cached.models)]
+        del src, dst
+        gc.collect()
+        out["dropped"] = len(keys) == 1 and keys[0] not in api._sessions
     return out
 
 
@@ -231,6 +241,7 @@ def test_a_changed_layout_or_shape_misses_the_cache_and_lands_right(results):
     for rank in range(4):
         facts = results[rank]["cache"]
         assert facts["first"] and facts["redeclared"] and facts["reshaped"] and facts["kept"]
+        assert facts["dropped"]
     for rank in range(WORLD):
         assert results[rank]["cache"]["reused"] == [False, True, False, False]
 
