@@ -51,8 +51,12 @@ class Events:
 
 
 def _entry(rank, world, port, pg_timeout, threads, fn, args, channel):
+    import warnings
+
     import torch
     import torch.distributed as dist
+
+    warnings.simplefilter("ignore")  # library warnings (megatron: "Apex is not installed") bury the report
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     torch.set_num_threads(threads)
