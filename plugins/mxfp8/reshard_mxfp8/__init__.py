@@ -8,7 +8,8 @@ Public API (pure PyTorch; importing this package imports torch only):
 - ``swizzle_128x4`` / ``unswizzle_128x4`` for the cuBLAS/FlashInfer 1-D scale layout;
 - layout helpers ``scale_shape``, ``valid_scale_shape``, ``box_is_block_aligned`` and the E8M0 rules;
 - ``make_mxfp8`` / ``destinations_of`` / ``MXFP8Destination`` (persistent destination buffers) and
-  ``MXFP8ReshardTransform`` (these import reshard_core, lazily on first access).
+  ``MXFP8ReshardTransform`` (these import reshard_core, lazily on first access);
+- ``configure_te_extraction`` (options of the TE FSDP2 param extractor, ``te_extract``).
 """
 
 from .e8m0 import E4M3_MAX, e8m0_multiplier, e8m0_to_float, float_to_e8m0
@@ -22,6 +23,7 @@ _LAZY = {
     "MXFP8Destination": "destinations",
     "MXFP8ReshardTransform": "transform",
     "quantized_on_wire": "transform",
+    "configure_te_extraction": "te_extract",
 }
 
 
@@ -37,6 +39,7 @@ def __getattr__(name: str):
 __all__ = [
     "MXFP8Destination",
     "MXFP8ReshardTransform",
+    "configure_te_extraction",
     "destinations_of",
     "make_mxfp8",
     "quantized_on_wire",

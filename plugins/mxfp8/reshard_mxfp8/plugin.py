@@ -2,7 +2,8 @@
 
 - ``reshard_extract_tensor``: a destination weight converted by ``make_mxfp8`` is reported with its
   original layout, ``tensor=None`` and ``source=<MXFP8Destination>``; using it as a refit source is an
-  error. (TE quantized FSDP2 params are not handled yet.)
+  error. A DTensor param whose local tensor is a TE ``MXFP8Tensor``/``Float8Tensor`` (FSDP2 with TE
+  quantized primary weights, duck-typed) is described by ``te_extract.extract_te_param``.
 - ``reshard_transforms``: attaches one ``MXFP8ReshardTransform`` for a destination model holding
   MXFP8 destinations, claiming the patterns they were made with.
 """
@@ -21,8 +22,9 @@ def unavailable_reason() -> str | None:
 
 @hookimpl
 def reshard_extract_tensor(qualname, tensor, owner, model, side, context):
-    """Specs for MXFP8 destinations; None for anything else."""
+    """Specs for MXFP8 destinations and TE quantized DTensor params; None for anything else."""
     from .destinations import MARKER
+    from .te_extract import extract_te_param
 
     dest = getattr(tensor, MARKER, None)
     if dest is not None:
@@ -34,7 +36,7 @@ def reshard_extract_tensor(qualname, tensor, owner, model, side, context):
                 f"tensor '{qualname}' is an MXFP8 destination (make_mxfp8) and cannot be a refit source"
             )
         return [TensorSpec(dest.meta, dest.layout, None, source=dest)]
-    return None
+    return extract_te_param(qualname, tensor, context)
 
 
 @hookimpl

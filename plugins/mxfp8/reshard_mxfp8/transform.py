@@ -18,7 +18,8 @@ Modes (per op, decided by ``quantized_on_wire(mode, op)``, a pure function of th
 - ``"sender"``: where the slice is block-aligned, the sender quantizes it and ships uint8 data
   (slice shape) + uint8 valid scale rows ``[prod(sizes[:-1]), sizes[-1]/32]`` (~half of BF16's
   bytes); the receiver stores them as they are. Non-aligned ops fall back to BF16 (then as above).
-  LOCAL ops take the same path inside the rank.
+  LOCAL ops take the same path inside the rank. A source extracted from a TE MXFP8 param
+  (``te_extract``) ships slices of its own rowwise planes instead of requantizing (byte-exact).
 
 The destination then holds ``quantize(local bf16 weight)``, value- and byte-exact in both modes.
 ``transient_bytes`` reports the accumulator: the local weight in ``wire_dtype`` for a swizzled
@@ -39,6 +40,7 @@ from reshard_core.transform import ReshardTransform
 from .destinations import MODES, MXFP8Destination
 from .format import quantize
 from .layout import BLOCK
+from .te_extract import te_wire_planes
 
 
 def quantized_on_wire(mode: str, op: TransferOp) -> bool:
@@ -98,9 +100,12 @@ class MXFP8ReshardTransform(ReshardTransform):
 
     # sender side -------------------------------------------------------------------------------
     def prepare_send(self, name: str, op: TransferOp, src_view: torch.Tensor) -> list[torch.Tensor]:
-        x = src_view.to(self.wire_dtype)
         if not quantized_on_wire(self.mode_of(name), op):
-            return [x]
+            return [src_view.to(self.wire_dtype)]
+        planes = te_wire_planes(op, src_view)  # a TE MXFP8 source: its own bytes, byte-exact
+        if planes is not None:
+            return planes
+        x = src_view.to(self.wire_dtype)
         data, scale = quantize(x.contiguous())
         rows = x.numel() // x.shape[-1]
         return [data, scale[:rows, : x.shape[-1] // BLOCK].contiguous()]
