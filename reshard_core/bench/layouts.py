@@ -65,7 +65,8 @@ def resolve_layout(text: str, world: int) -> Parallel:
     unsupported = [k for k in ("cp", "ep") if getattr(par, k) != 1]
     unsupported += ["etp"] if par.etp not in (None, 1) else []
     if unsupported:
-        raise ValueError(f"bad layout {text!r}: {', '.join(unsupported)} are not supported by this model")
+        not_taken = ", ".join(unsupported)
+        raise ValueError(f"bad layout {text!r}: this model takes tp, pp, dp and fsdp (not {not_taken})")
     if par.fsdp > 1 and (par.tp > 1 or par.pp > 1):
         raise ValueError(f"bad layout {text!r}: fsdp cannot be combined with tp or pp here")
     if world % par.world:

@@ -1,0 +1,146 @@
+"""``reshard bench``: warm refit seconds per layout pair against the wire floor and Megatron-Core.
+
+Exit codes: 0 measured and every result verified, 1 a rank failed or a result was not exact,
+2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Any
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from ..errors import PluginError, ReshardError
+from .output import EXIT_FAILURE, EXIT_USAGE, console, print_error, print_json
+
+
+def bench_command(
+    pair: Annotated[
+        list[str] | None,
+        typer.Option("--pair", help="SRC->DST layouts, repeatable (default: tp=2->tp=4, tp=1->tp=4, "
+                     "tp=4->tp=2,pp=2, tp=2,pp=2->tp=1); dp fills the world."),
+    ] = None,  # fmt: skip
+    model: Annotated[str, typer.Option(help="auto, gpt (pure torch) or megatron-gpt.")] = "auto",
+    size: Annotated[str, typer.Option(help="Model size: tiny, small or bench (0.38 GB in bf16).")] = "bench",
+    world_size: Annotated[int, typer.Option("--world-size", "-n", help="Processes.")] = 4,
+    reps: Annotated[int, typer.Option(help="Timed warm refits per pair (the median is reported).")] = 5,
+    warmup: Annotated[int, typer.Option(help="Untimed refits after the first.")] = 1,
+    transport: Annotated[str, typer.Option(help="Transport plugin name.")] = "gloo",
+    max_batch_bytes: Annotated[str | None, typer.Option(help="Staging budget per batch, e.g. 64MiB.")] = None,
+    megatron: Annotated[
+        bool, typer.Option("--megatron/--no-megatron", help="Compare with Megatron-Core when installed.")
+    ] = True,
+    megatron_deadline: Annotated[
+        float, typer.Option(help="Seconds a Megatron-Core case may take before it is reported unfinished.")
+    ] = 120.0,
+    dtype: Annotated[str, typer.Option(help="bf16 or fp32.")] = "bf16",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
+) -> None:
+    """Benchmark warm refits: median seconds, the wire floor and the ratio, Megatron-Core's refit."""
+    from ..bench.refit_bench import DEFAULT_PAIRS, BenchOptions, check_options
+
+    try:
+        opts = BenchOptions(
+            model=model, size=size, pairs=tuple(pair or DEFAULT_PAIRS), world=world_size, reps=reps,
+            warmup=warmup, transport=transport, max_batch_bytes=_bytes(max_batch_bytes),
+            megatron=megatron, megatron_deadline=megatron_deadline, dtype=dtype,
+        )  # fmt: skip
+        check_options(opts)
+        _check_transport(transport)
+    except (ValueError, PluginError) as exc:
+        print_error(exc)
+        raise typer.Exit(EXIT_USAGE) from None
+    report = _run(opts)
+    if as_json:
+        print_json(report)
+    else:
+        _print(report)
+    unverified = [r["pair"] for r in report["rows"] if r["ours"] is not None and not r["ours"]["verified"]]
+    if unverified:
+        print_error(ReshardError(f"refit result not exact for {', '.join(unverified)}"))
+        raise typer.Exit(EXIT_FAILURE)
+
+
+def _bytes(text: str | None) -> int | None:
+    if text is None:
+        return None
+    from .plan_cmd import parse_bytes
+
+    return parse_bytes(text)
+
+
+def _check_transport(name: str) -> None:
+    from ..transport.registry import get_transport
+
+    reason = get_transport(name).unavailable_reason()
+    if reason is not None:
+        print_error(ReshardError(f"transport '{name}' is unavailable here: {reason}"))
+        raise typer.Exit(EXIT_FAILURE)
+
+
+def _run(opts: Any) -> dict[str, Any]:
+    from ..bench.refit_bench import run_bench
+    from ..bench.spawn import WorldError
+
+    err = Console(file=sys.stderr)
+    with err.status(f"spawning {opts.world} processes", spinner="dots") as status:
+        try:
+            return run_bench(opts, on_phase=lambda p: status.update(f"{p[0]}: {p[1]}"))
+        except WorldError as exc:
+            first = next(iter(exc.failures.values()), str(exc).splitlines()[0])
+            print_error(ReshardError(f"the benchmark world failed: {first}"))
+            raise typer.Exit(EXIT_FAILURE) from None
+
+
+def _seconds(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _print(report: dict[str, Any]) -> None:
+    o = report["options"]
+    size = f"{report['model_bytes'] / 1e9:.2f} GB {o['dtype']}"
+    title = (f"reshard bench: {o['model']} '{o['size']}' ({size}), {o['world']} processes, "
+             f"{o['transport']}, median of {o['reps']} warm refits")  # fmt: skip
+    table = Table(title=title, box=box.SIMPLE_HEAD)
+    for col in ("layouts", "refit s", "wire floor s", "refit/floor", "sent MB", "local MB", "verified"):
+        table.add_column(col, justify="right" if col != "layouts" else "left")
+    if report["megatron_core"]:
+        table.add_column("Megatron-Core s", justify="right")
+        table.add_column("speed-up", justify="right")
+    for row in report["rows"]:
+        ours = row["ours"] or {}
+        cells = [
+            row["pair"].replace("->", " → "),
+            _seconds(ours.get("refit_seconds")),
+            _seconds(ours.get("floor_seconds")),
+            f"{row['floor_ratio']:.2f}×" if "floor_ratio" in row else "-",
+            f"{ours['bytes_remote'] / 1e6:.0f}" if ours else "-",
+            f"{ours['bytes_local'] / 1e6:.0f}" if ours else "-",
+            ("yes" if ours["verified"] else "NO") if ours else "-",
+        ]
+        if report["megatron_core"]:
+            cells += _megatron_cells(row)
+        table.add_row(*cells)
+    out = console()
+    if not out.is_terminal:  # a pipe or file gets the whole table, not an 80-column squeeze
+        out.width = max(out.width, 150)
+    out.print(table)
+
+
+def _megatron_cells(row: dict[str, Any]) -> list[str]:
+    megatron = row["megatron"]
+    if megatron is None:
+        return ["-", "-"]
+    if not megatron["finished"]:
+        return [f"did not finish in {megatron['deadline']:g} s", "-"]
+    exact = "" if megatron["verified"] else " (NOT exact)"
+    return [f"{megatron['seconds']:.3f}{exact}", f"{row['speedup']:.1f}×" if "speedup" in row else "-"]
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``reshard bench`` to ``app``."""
+    app.command("bench")(bench_command)
