@@ -95,10 +95,20 @@ def test_te_fsdp2_to_bf16_value_exact_and_refreshed():
 
 
 def _refit_mxfp8(rank, world, ship_planes):
+    import reshard_mxfp8.transform as transform_module
     from reshard_mxfp8 import configure_te_extraction, dequantize, destinations_of, make_mxfp8, quantize
 
     from reshard_core.api import clear_caches, refit
 
+    shipped = []  # ops whose wire came straight from the TE planes (SEND and LOCAL)
+    real = transform_module.te_wire_planes
+
+    def counting(op, view):
+        planes = real(op, view)
+        shipped.append(planes is not None)
+        return planes
+
+    transform_module.te_wire_planes = counting
     previous = configure_te_extraction(ship_planes=ship_planes)
     src = _fsdp_source(_full(1))
     dst = _plain_model()
@@ -118,20 +128,28 @@ def _refit_mxfp8(rank, world, ship_planes):
                 d.scale[:rows, :cols], scale[:rows, :cols]
             )
             checks.append((same_bytes, torch.equal(d.values(), dequantize(data, scale))))
-        out.append((checks, report.bytes_sent))
+        out.append((checks, report.bytes_sent, sum(shipped)))
+        shipped.clear()
     clear_caches()
     configure_te_extraction(**previous)
+    transform_module.te_wire_planes = real
     return out
 
 
 @pytest.mark.slow
-def test_te_fsdp2_to_mxfp8_sender_byte_exact():
-    results = run_world(_refit_mxfp8, WORLD, True)
+@pytest.mark.parametrize("ship_planes", [True, False])
+def test_te_fsdp2_to_mxfp8_sender_byte_exact(ship_planes):
+    results = run_world(_refit_mxfp8, WORLD, ship_planes)
     mx_bytes = sum(n // WORLD * (k + k // 32) for n, k in SHAPES)  # data + valid scale rows
     assert mx_bytes == 10560  # vs 20480 in BF16
     for per_refit in results:
-        for checks, sent in per_refit:
+        for checks, sent, shipped in per_refit:
             assert sent == mx_bytes
+            # 0.weight: one SEND (to the other rank) and one LOCAL op per rank cut from the planes
+            assert shipped == (2 if ship_planes else 0)
+            if not ship_planes:  # requantized from the dequantized buffer: value-exact
+                assert checks[0][1] is True and checks[1][1] is True
+                continue
             # 0.weight (quantized shards): the TE planes themselves, byte-exact; 1.weight (plain bf16
             # fallback shards, requantized by the sender): value-exact (bytes may differ, mxfp8.md A.3)
             assert checks[0] == (True, True)
