@@ -11,10 +11,11 @@ A shape entry carries what the simulator needs to lay the tensor out like Megatr
 - ``expert``: the global expert index of a per-expert tensor (expert parallelism splits these),
   else None.
 
-JSON form: ``{"name": ..., "tensors": [{"name", "shape", "dtype", "kind"?, "layer"?, "expert"?}]}``;
-omitted ``layer``/``expert`` are read from Megatron-style names (``decoder.layers.L.``,
-``experts.local_experts.E.`` or grouped ``experts.linear_fc1.weightE``), ``kind`` defaults to
-``replicated``.
+JSON form: ``{"name", "num_layers"?, "tensors": [{"name", "shape", "dtype"?, "kind"?, "layer"?,
+"expert"?}]}``. Without ``num_layers`` the highest layer plus one is taken; omitted
+``layer``/``expert`` are read from Megatron-style names (``decoder.layers.L.``,
+``experts.local_experts.E.`` or grouped ``experts.linear_fc1.weightE``); ``dtype`` defaults to
+``bfloat16`` and ``kind`` to ``replicated``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -49,12 +51,12 @@ class ModelShapes:
     tensors: tuple[ShapeEntry, ...]
     num_layers: int
 
-    @property
+    @cached_property
     def num_experts(self) -> int:
         experts = [t.expert for t in self.tensors if t.expert is not None]
         return max(experts) + 1 if experts else 0
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
         return sum(_numel(t.shape) * t.dtype.itemsize for t in self.tensors)
 
@@ -85,9 +87,10 @@ def load_json(path: str | Path) -> ModelShapes:
     """Read a JSON shape file (see module docstring); ``ValueError`` names the bad entry."""
     data = json.loads(Path(path).read_text())
     raw = data["tensors"] if isinstance(data, dict) else data
-    layers = [infer_layer(t["name"], 0) if "layer" not in t else t["layer"] for t in raw]
-    num_layers = int(data.get("num_layers", 0)) if isinstance(data, dict) else 0
-    num_layers = max([num_layers, *(x + 1 for x in layers if x >= 0)])
+    num_layers = data.get("num_layers") if isinstance(data, dict) else None
+    if num_layers is None:  # one past the highest layer named or given
+        layers = [t["layer"] if "layer" in t else infer_layer(t["name"], -1) for t in raw]
+        num_layers = 1 + max([-1, *layers])
     tensors = []
     for t in raw:
         name = t["name"]

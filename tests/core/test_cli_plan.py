@@ -1,0 +1,104 @@
+"""``reshard plan`` through typer's CliRunner: text and JSON output, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from typer.testing import CliRunner
+
+from reshard_core.cli import plan_cmd
+
+KEYS = {
+    "ranks",
+    "metadata_bytes",
+    "plan_seconds_max",
+    "bytes_remote_total",
+    "bytes_local_total",
+    "messages_total",
+    "valid",
+}
+
+
+def app() -> typer.Typer:
+    root = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    plan_cmd.register(root)
+
+    @root.command("noop", hidden=True)
+    def noop() -> None:  # a second command keeps "plan" a subcommand
+        pass
+
+    return root
+
+
+def run(*args: str):
+    return CliRunner().invoke(app(), ["plan", *args])
+
+
+def test_text_report():
+    result = run("--model", "tiny-gpt", "--src", "tp=2,pp=2", "--dst", "tp=4")
+    assert result.exit_code == 0, result.output
+    assert "reshard plan: tiny-gpt" in result.output
+    assert "valid" in result.output and "yes" in result.output
+
+
+def test_json_report_has_the_documented_keys():
+    result = run("--model", "tiny-gpt", "--src", "tp=2,ep=2", "--dst", "tp=4", "--dst-offset", "4", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert KEYS <= data.keys()
+    assert data["ranks"] == 8 and data["valid"] is True
+    assert data["bytes_local_total"] == 0  # disjoint ranks: nothing is local
+    assert data["bytes_remote_total"] == sum(r["bytes_received"] for r in data["per_rank"])
+    assert len(data["per_rank"]) == 8
+
+
+def test_batches_and_sampling_options():
+    result = run(
+        "--model",
+        "llama3-8b",
+        "--src",
+        "tp=8,pp=4",
+        "--dst",
+        "tp=8,dp=4",
+        "--max-batch-bytes",
+        "1GiB",
+        "--sample",
+        "4",
+        "--json",
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["ranks"] == 32 and data["ranks_planned"] < 32 and data["valid"]
+
+
+def test_bad_layout_string_is_a_usage_error():
+    result = run("--model", "tiny-gpt", "--src", "tp=2,pp=x", "--dst", "tp=4")
+    assert result.exit_code == 2
+    assert result.output.strip() == "error: bad layout 'tp=2,pp=x': pp='x' is not a whole number"
+
+
+def test_unknown_model_and_bad_byte_size_are_usage_errors():
+    result = run("--model", "gpt-17", "--src", "tp=2", "--dst", "tp=4")
+    assert result.exit_code == 2
+    assert result.output.startswith("error: unknown model 'gpt-17': use one of deepseek-v3, llama3-70b")
+    result = run("--model", "tiny-gpt", "--src", "tp=2", "--dst", "tp=4", "--max-batch-bytes", "lots")
+    assert result.exit_code == 2
+    assert result.output.strip() == "error: bad byte size 'lots': use e.g. 4096, 64MiB or 1GB"
+
+
+def test_layout_that_does_not_fit_the_model_is_a_usage_error():
+    result = run("--model", "tiny-gpt", "--src", "ep=3", "--dst", "tp=1")
+    assert result.exit_code == 2
+    assert result.output.strip() == "error: 4 experts do not split evenly over ep=3"
+
+
+def test_plan_errors_are_one_line_and_exit_1(tmp_path):
+    shapes = tmp_path / "clash.json"
+    shapes.write_text('{"tensors": [{"name": "w", "shape": [4]}, {"name": "w", "shape": [6]}]}')
+    result = run("--model", str(shapes), "--src", "tp=2", "--dst", "tp=1")
+    assert result.exit_code == 1
+    assert result.output.strip() == (
+        "error: w: source ranks disagree on shape or dtype: shape (4,) bfloat16 on ranks [0] vs "
+        "shape (6,) bfloat16 on ranks [0]"
+    )
