@@ -88,15 +88,21 @@ def all_gather_bytes(payload: bytes, group=None) -> tuple[list[bytes], int, bool
     sizes = [int(s.item()) for s in sizes_t]
     empty = torch.empty(0, dtype=torch.uint8)
     mine = (torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else empty).to(device)
-    uneven = backend == "nccl"
+    uneven = backend == "nccl" and len(set(sizes)) > 1
     width = max(sizes)
+    if uneven:
+        try:
+            outs = [torch.empty(n, dtype=torch.uint8, device=device) for n in sizes]
+            dist.all_gather(outs, mine, group=group)
+        except (RuntimeError, ValueError):  # rejected before launch on every rank alike (same sizes)
+            uneven = False
     if not uneven:
         mine = torch.nn.functional.pad(mine, (0, width - len(payload)))
-    outs = [torch.empty(n if uneven else width, dtype=torch.uint8, device=device) for n in sizes]
-    dist.all_gather(outs, mine, group=group)
+        outs = [torch.empty(width, dtype=torch.uint8, device=device) for _ in sizes]
+        dist.all_gather(outs, mine, group=group)
     blobs = [bytes(o[:n].cpu().clone().untyped_storage()) for o, n in zip(outs, sizes, strict=True)]
     received = 8 * world + (sum(sizes) if uneven else width * world)
-    return blobs, received, not uneven
+    return blobs, received, not uneven and len(set(sizes)) > 1
 
 
 def _raise_disagreement(table: LayoutTable, rank: int, facts, group) -> None:

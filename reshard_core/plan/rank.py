@@ -64,7 +64,7 @@ def plan_rank(
         if not found:
             continue
         batch = batches.of[entry.name]
-        ops.extend([replace(op, batch=batch) for op in found] if batch else found)
+        ops.extend(op if op.batch == batch else replace(op, batch=batch) for op in found)
         tensors[entry.name] = entry.meta
         if entry.src_name is not None:
             sources[entry.name] = entry.src_name
