@@ -25,6 +25,7 @@ import torch.distributed as dist
 from .errors import ReshardError, TransportError
 from .exchange import exchange_layouts
 from .execute.executor import execute_plan
+from .execute.pool import StagingPool
 from .execute.stats import ExecStats
 from .extract import ExtractContext, extract_specs, iter_tensors
 from .plan.cache import cached_plan_rank, clear_plan_cache
@@ -76,7 +77,8 @@ class RefitReport:
 
 @dataclass
 class Session:
-    """A prepared refit for one rank: the plan, the local tensors it reads and writes, the transport."""
+    """A prepared refit for one rank: the plan, the local tensors it reads and writes, the transport,
+    and the staging buffers its refits reuse (their sizes repeat exactly from refit to refit)."""
 
     plan: RankPlan
     src_tensors: dict[str, torch.Tensor | None]
@@ -85,6 +87,7 @@ class Session:
     transforms: list[ReshardTransform]
     metadata_bytes: int
     seconds: dict[str, float]
+    pool: StagingPool = field(default_factory=StagingPool)
     refreshers: list[Any] = field(default_factory=list)
     """Source ``spec.source`` objects with a ``refresh_source()`` method: called before every execution so
     a source tensor derived from live data (e.g. a dequantized copy of a quantized param) is never stale."""
@@ -176,7 +179,7 @@ def refit(
             source.refresh_source()
         stats = execute_plan(
             session.plan, session.src_tensors, session.dst_tensors, session.transport,
-            transform=session.transforms or None, cast=cast,
+            transform=session.transforms or None, cast=cast, pool=session.pool,
         )
     return _report(session, stats, reused, time.perf_counter() - start)
 
