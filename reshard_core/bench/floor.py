@@ -1,7 +1,9 @@
 """The wire floor: the byte volumes a refit moves between each pair of ranks, sent as one message
 per pair over the same transport, with nothing else to do (no packing, no unpacking, no local copies).
 
-A refit's time divided by this floor says how much of it is overhead beyond moving its bytes.
+A refit's time divided by this floor says how much of it is overhead beyond moving its bytes. The
+same round with the plan's local-copy volume copied (one memcpy) while it is on the wire is a second,
+fuller floor: where ranks share few cores, local copies compete with the wire for them.
 """
 
 from __future__ import annotations
@@ -11,6 +13,11 @@ import torch
 from ..execute.schedule import message_task_id
 from ..plan.ops import OpKind, RankPlan
 from ..transport.copy_service import CopyService
+
+
+def local_volume(plan: RankPlan) -> int:
+    """Bytes this rank's plan copies locally per refit."""
+    return sum(plan.bytes_of(op) for op in plan.ops if op.kind is OpKind.LOCAL)
 
 
 def pair_volumes(plan: RankPlan) -> tuple[dict[int, int], dict[int, int]]:
@@ -27,22 +34,35 @@ def pair_volumes(plan: RankPlan) -> tuple[dict[int, int], dict[int, int]]:
 
 class WireFloor:
     """One preallocated, pre-touched buffer per peer and direction; ``run()`` moves them all in one
-    round of ``transport`` (a collective with every peer of the plan)."""
+    round of ``transport`` (a collective with every peer of the plan). ``local`` bytes are copied
+    by ``run(with_local=True)`` while the round is on the wire."""
 
-    def __init__(self, transport: CopyService, rank: int, sends: dict[int, int], recvs: dict[int, int]):
+    def __init__(
+        self, transport: CopyService, rank: int, sends: dict[int, int], recvs: dict[int, int], local: int = 0
+    ):
         self.transport = transport
         self.rank = rank
         self.sends = {peer: torch.ones(n, dtype=torch.uint8) for peer, n in sorted(sends.items())}
         self.recvs = {peer: torch.zeros(n, dtype=torch.uint8) for peer, n in sorted(recvs.items())}
+        self.local_src = torch.ones(local, dtype=torch.uint8)
+        self.local_dst = torch.zeros(local, dtype=torch.uint8)
 
     @property
     def nbytes(self) -> int:
         """Bytes this rank sends per round."""
         return sum(b.numel() for b in self.sends.values())
 
-    def run(self) -> None:
+    def run(self, with_local: bool = False) -> None:
         for peer, buf in self.sends.items():
             self.transport.submit_send(buf, peer, message_task_id(0, self.rank, peer))
         for peer, buf in self.recvs.items():
             self.transport.submit_recv(buf, peer, message_task_id(0, peer, self.rank))
-        self.transport.run()
+        start = getattr(self.transport, "start", None)
+        if not with_local or not callable(start):
+            self.transport.run()
+            if with_local:
+                self.local_dst.copy_(self.local_src)
+            return
+        flight = start()
+        self.local_dst.copy_(self.local_src)
+        flight.wait()

@@ -3,7 +3,8 @@
 For every layout pair, in one local Gloo world: build the model pair; time ``warmup + reps`` refits
 (median of the warm ones; each is the slowest rank's time, ranks starting together); check every
 destination element; time the wire floor (``floor.py``) for the plan's per-pair volumes the same
-way; then, for Megatron GPTModels with megatron-core installed, zero the destination and time
+way (and once more with the plan's local-copy volume copied while it is on the wire); then, for
+Megatron GPTModels with megatron-core installed, zero the destination and time
 ``swap_model_weights(..., "gloo")`` the same way and check its result too. Ranks report through
 events as they go, so a Megatron case that outlives ``megatron_deadline`` seconds ends the world
 (reported as not finished) and a fresh world takes the remaining pairs.
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .floor import WireFloor, pair_volumes
+from .floor import WireFloor, local_volume, pair_volumes
 from .gpt import PRESETS
 from .layouts import resolve_layout
 from .pairs import build_pair, megatron_available
@@ -169,11 +170,14 @@ def _floor(models, opts: BenchOptions) -> dict[str, Any]:
 
     session = reshard_core.prepare(models.src, models.dst, transport=opts.transport,
                                    max_batch_bytes=opts.max_batch_bytes, timeout=opts.timeout)  # fmt: skip
-    floor = WireFloor(session.transport, dist.get_rank(), *pair_volumes(session.plan))
+    plan = session.plan
+    floor = WireFloor(session.transport, dist.get_rank(), *pair_volumes(plan), local=local_volume(plan))
     runs = [timed(floor.run)[1] for _ in range(opts.warmup + opts.reps)][opts.warmup :]
+    with_local = [timed(lambda: floor.run(True))[1] for _ in range(opts.warmup + opts.reps)][opts.warmup :]
     volume = torch.tensor([floor.nbytes], dtype=torch.int64)
     dist.all_reduce(volume)
-    return {"floor_seconds": median(runs), "floor_runs": runs, "floor_bytes": int(volume[0])}
+    return {"floor_seconds": median(runs), "floor_runs": runs, "floor_bytes": int(volume[0]),
+            "floor_with_local_seconds": median(with_local)}  # fmt: skip
 
 
 def _megatron(models, opts: BenchOptions) -> dict[str, Any]:
@@ -260,8 +264,10 @@ def report(opts: BenchOptions, rows: dict[str, dict[str, Any]]) -> dict[str, Any
         row = rows.get(pair, {})
         ours, megatron = row.get("ours"), row.get("megatron")
         entry: dict[str, Any] = {"pair": pair, "ours": ours, "megatron": megatron}
-        if ours is not None and ours["floor_seconds"] > 0:
+        if ours is not None and ours["floor_bytes"] > 0:  # nothing on the wire: no floor to compare with
             entry["floor_ratio"] = ours["refit_seconds"] / ours["floor_seconds"]
+        if ours is not None and ours.get("floor_with_local_seconds", 0) > 0:
+            entry["floor_with_local_ratio"] = ours["refit_seconds"] / ours["floor_with_local_seconds"]
         if ours is not None and megatron is not None and megatron.get("finished"):
             entry["speedup"] = megatron["seconds"] / ours["refit_seconds"]
         out_rows.append(entry)

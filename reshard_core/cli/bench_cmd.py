@@ -106,7 +106,9 @@ def _print(report: dict[str, Any]) -> None:
     title = (f"reshard bench: {o['model']} '{o['size']}' ({size}), {o['world']} processes, "
              f"{o['transport']}, median of {o['reps']} warm refits")  # fmt: skip
     table = Table(title=title, box=box.SIMPLE_HEAD)
-    for col in ("layouts", "refit s", "wire floor s", "refit/floor", "sent MB", "local MB", "verified"):
+    cols = ("layouts", "refit s", "wire floor s", "refit/floor", "+local floor s", "refit/(+local)",
+            "sent MB", "local MB", "verified")  # fmt: skip
+    for col in cols:
         table.add_column(col, justify="right" if col != "layouts" else "left")
     if report["megatron_core"]:
         table.add_column("Megatron-Core s", justify="right")
@@ -118,6 +120,8 @@ def _print(report: dict[str, Any]) -> None:
             _seconds(ours.get("refit_seconds")),
             _seconds(ours.get("floor_seconds")),
             f"{row['floor_ratio']:.2f}×" if "floor_ratio" in row else "-",
+            _seconds(ours.get("floor_with_local_seconds")),
+            f"{row['floor_with_local_ratio']:.2f}×" if "floor_with_local_ratio" in row else "-",
             f"{ours['bytes_remote'] / 1e6:.0f}" if ours else "-",
             f"{ours['bytes_local'] / 1e6:.0f}" if ours else "-",
             ("yes" if ours["verified"] else "NO") if ours else "-",

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from reshard_core.bench.floor import pair_volumes
+from reshard_core.bench.floor import local_volume, pair_volumes
 from reshard_core.bench.gpt import GPT, PRESETS, GPTConfig, box_values, expected_local, tp_layout
 from reshard_core.bench.layouts import resolve_layout
 from reshard_core.bench.refit_bench import BenchOptions, BenchRun, parse_pair, report, run_bench
@@ -79,10 +79,11 @@ def test_floor_volumes_are_the_plan_s_remote_bytes_per_peer():
                         op(OpKind.RECV, "a", 2, (4, 4)), op(OpKind.LOCAL, "a", 0, (2, 4)),
                         op(OpKind.SEND, "a", 3, (1, 4))), meta)  # fmt: skip
     assert pair_volumes(plan) == ({1: 2 * 4 * 2 + 2 * 4, 3: 4 * 2}, {2: 4 * 4 * 2})
+    assert local_volume(plan) == 2 * 4 * 2
 
 
 def _row(seconds: float) -> dict:
-    return {"refit_seconds": seconds, "floor_seconds": seconds / 2, "verified": True}
+    return {"refit_seconds": seconds, "floor_seconds": seconds / 2, "floor_bytes": 1, "verified": True}
 
 
 def test_a_megatron_case_past_its_deadline_is_reported_and_the_rest_run_in_a_fresh_world():

@@ -18,7 +18,7 @@ pytest.importorskip("megatron.core")
 pytestmark = pytest.mark.slow
 
 WORLD = 4
-DENSE = dict(num_layers=4)
+DENSE = dict(num_layers=2)
 MOE = dict(num_layers=2, num_moe_experts=4, expert_bias=True, bias=False)  # MoE bias needs expert TP 1
 CASES = {  # name: ((tp, pp, ep) source, (tp, pp, ep) destination, model kwargs)
     "tp2->tp4": ((2, 1, 1), (4, 1, 1), DENSE),
@@ -67,13 +67,13 @@ def _world(rank: int, world: int) -> dict:
             "pointers_kept": pointers == {n: t.data_ptr() for n, t in _weights(dst).items()},
             "bytes": (first.bytes_sent, first.bytes_received, first.bytes_local),
         }
-    # a byte budget far below the model's size: many batches, the same exact result
-    src = build_gpt(build_pg_collection(2, 1, 1), seed=7, **DENSE)
-    dst = build_gpt(build_pg_collection(4, 1, 1), seed=8, **DENSE)
-    reference = build_gpt(build_pg_collection(4, 1, 1), seed=7, **DENSE)
-    report = reshard_core.refit(src, dst, max_batch_bytes=16 * 1024, timeout=60)
-    out["budget"] = {"batches": report.batches, "after": _differing(dst, reference),
-                     "model_bytes": sum(t.nbytes for t in _weights(reference).values())}  # fmt: skip
+        if name == "tp2->tp4":  # a byte budget far below the model's size: many batches, same result
+            with torch.no_grad():
+                for t in _weights(dst).values():
+                    t.zero_()
+            report = reshard_core.refit(src, dst, max_batch_bytes=16 * 1024, timeout=60)
+            out["budget"] = {"batches": report.batches, "after": _differing(dst, reference),
+                             "model_bytes": sum(t.nbytes for t in _weights(reference).values())}  # fmt: skip
     reshard_core.clear_caches()
     return out
 
