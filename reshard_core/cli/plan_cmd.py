@@ -139,7 +139,10 @@ def _print(report: SimulationReport) -> None:
             "metadata per rank (exact / padded)",
             f"{human(report.metadata_bytes)} / {human(report.metadata_bytes_padded)}",
         ),
-        ("plan s per rank (max / mean)", f"{report.plan_seconds_max:.3f} / {report.plan_seconds_mean:.3f}"),
+        (
+            "plan CPU s per rank (max / mean)",
+            f"{report.plan_seconds_max:.3f} / {report.plan_seconds_mean:.3f}",
+        ),
         ("bytes remote / local", f"{remote} / {local} ({local_share:.0%} local)"),
         ("messages (per peer per batch)", f"{totals['messages_total']}"),
         ("send/receive pairs checked", f"{report.pairs_checked}"),

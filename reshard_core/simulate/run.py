@@ -3,8 +3,8 @@
 ``simulate(model, src, dst, ...)`` builds the layout table (``layouts``), sizes the compact exchange
 every rank would receive (``exchange.contribute``), plans every rank — or, with ``sample=N``, N
 evenly spread ranks plus the busiest candidates (the ranks holding the most bytes and the most
-tensors on either side) — timing each ``plan_rank`` on a cold planner, and runs ``check.check_plans``
-(pairs with an unplanned end are skipped).
+tensors on either side) — timing each ``plan_rank`` on a cold planner in process CPU seconds, and
+runs ``check.check_plans`` (pairs with an unplanned end are skipped).
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from .parallel import Parallel
 
 @dataclass(frozen=True)
 class RankStats:
+    """One planned rank; ``plan_seconds`` is CPU time (one core), steady on a shared machine."""
+
     rank: int
     bytes_sent: int
     bytes_received: int
@@ -170,9 +172,9 @@ def simulate(
     for n, rank in enumerate(ranks):
         # a real rank plans in its own process: keep earlier ranks' plans out of its GC passes
         gc.freeze()
-        start = time.perf_counter()
+        start = time.process_time()
         plan = plan_rank(fresh(table), rank, max_batch_bytes=max_batch_bytes)
-        seconds = time.perf_counter() - start
+        seconds = time.process_time() - start
         plans[rank] = plan
         report.planned.append(rank_stats(plan, seconds))
         if progress is not None:
