@@ -112,7 +112,11 @@ def summarize(opts: DemoOptions, results: list[dict[str, Any]]) -> dict[str, Any
     }
 
 
-def default_layouts(world: int) -> tuple[str, str]:
-    """The demo's default training and inference layouts for ``world`` ranks."""
-    return f"fsdp={world}", f"tp={2 if world % 2 == 0 else 1}"
+def default_layouts(world: int, model: str = "small") -> tuple[str, str]:
+    """The demo's default training and inference layouts for ``world`` ranks (``dp`` fills the rest):
+    FSDP2 over every rank (Megatron GPTModel: TP2×PP2 where it fits) into TP2."""
+    dst = f"tp={2 if world % 2 == 0 else 1}"
+    if model == "megatron-gpt":
+        return ("tp=2,pp=2" if world % 4 == 0 else "tp=1"), dst
+    return f"fsdp={world}", dst
 

@@ -96,5 +96,5 @@ def megatron_available() -> bool:
 
     try:
         return importlib.util.find_spec("megatron.core") is not None
-    except ModuleNotFoundError:
+    except ImportError:  # a missing parent package
         return False

@@ -102,7 +102,9 @@ def _seconds(x: float | None) -> str:
 
 def _print(report: dict[str, Any]) -> None:
     o = report["options"]
-    size = f"{report['model_bytes'] / 1e9:.2f} GB {o['dtype']}"
+    nbytes = report["model_bytes"]
+    size = f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:.1f} MB"
+    size += f" {o['dtype']}"
     title = (f"reshard bench: {o['model']} '{o['size']}' ({size}), {o['world']} processes, "
              f"{o['transport']}, median of {o['reps']} warm refits")  # fmt: skip
     table = Table(title=title, box=box.SIMPLE_HEAD)

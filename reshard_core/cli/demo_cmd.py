@@ -29,7 +29,9 @@ _PHASE_TEXT = {
 def demo_command(
     world_size: Annotated[int, typer.Option("--world-size", "-n", help="Processes in the local world.")] = 4,
     src: Annotated[
-        str | None, typer.Option(help="Training layout, e.g. fsdp=4, tp=2,pp=2 (default: fsdp=<world>).")
+        str | None,
+        typer.Option(help="Training layout, e.g. fsdp=4 or tp=2,pp=2 (default: fsdp=<world>, "
+                     "or tp=2,pp=2 for megatron-gpt)."),
     ] = None,
     dst: Annotated[
         str | None, typer.Option(help="Inference layout, e.g. tp=4 or tp=2,dp=2 (default: tp=2).")
@@ -45,7 +47,9 @@ def demo_command(
     from ..bench.demo import DemoOptions, check_options, default_layouts
 
     try:
-        defaults = default_layouts(world_size)
+        if model == "megatron-gpt":
+            _need_megatron()
+        defaults = default_layouts(world_size, model)
         opts = DemoOptions(
             model=model, src=src or defaults[0], dst=dst or defaults[1], world=world_size,
             transport=transport, max_batch_bytes=_bytes(max_batch_bytes), dtype=dtype,
@@ -53,8 +57,6 @@ def demo_command(
         )  # fmt: skip
         check_options(opts)
         _check_transport(transport)
-        if model == "megatron-gpt":
-            _need_megatron()
     except (ValueError, PluginError) as exc:
         print_error(exc)
         raise typer.Exit(EXIT_USAGE) from None
@@ -89,9 +91,9 @@ def _check_transport(name: str) -> None:
 
 
 def _need_megatron() -> None:
-    import importlib.util
+    from ..bench.pairs import megatron_available
 
-    if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+    if not megatron_available():
         raise ValueError("--model megatron-gpt needs megatron-core: pip install megatron-core==0.16.1 einops")
 
 
