@@ -42,8 +42,11 @@ class Parallel:
         return self.world // self.pp
 
     def __str__(self) -> str:
-        parts = [f"{k}={getattr(self, k)}" for k in KEYS if getattr(self, k) not in (1, None)]
-        return ",".join(parts) or "tp=1"
+        def shown(key: str) -> bool:  # defaults hidden; etp=1 under tp>1 is not a default
+            value = getattr(self, key)
+            return value not in (1, None) or (key == "etp" and value is not None and value != self.tp)
+
+        return ",".join(f"{k}={getattr(self, k)}" for k in KEYS if shown(k)) or "tp=1"
 
     def rank(self, j: int, stage: int, offset: int = 0) -> int:
         """Global rank of stage-local index ``j`` on pipeline ``stage``."""

@@ -21,6 +21,8 @@ def test_parse_layout_strings():
     assert parse_parallel("tp=8,pp=4,ep=8,etp=1,dp=2") == Parallel(tp=8, pp=4, ep=8, etp=1, dp=2)
     assert parse_parallel(" fsdp=64 ") == Parallel(fsdp=64)
     assert parse_parallel("tp=8,pp=4,ep=8,etp=1,dp=2").world == 512
+    assert str(parse_parallel("dp=2,etp=1,tp=4")) == "tp=4,etp=1,dp=2"
+    assert str(parse_parallel("tp=1,etp=1")) == "tp=1"
 
 
 @pytest.mark.parametrize(
