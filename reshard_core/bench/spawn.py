@@ -51,12 +51,8 @@ class Events:
 
 
 def _entry(rank, world, port, pg_timeout, threads, fn, args, channel):
-    import warnings
-
     import torch
     import torch.distributed as dist
-
-    warnings.simplefilter("ignore")  # library warnings (megatron: "Apex is not installed") bury the report
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     torch.set_num_threads(threads)
@@ -96,8 +92,20 @@ def spawn_world(
         ctx.Process(target=_entry, args=(r, world, port, pg_timeout, threads, fn, args, channel), daemon=True)
         for r in range(world)
     ]
-    for p in procs:
-        p.start()
+    # Workers start quiet: import-time library warnings (torch without numpy, megatron without apex)
+    # would bury the report.
+    quiet = {"PYTHONWARNINGS": "ignore"}
+    saved = {k: os.environ.get(k) for k in quiet}
+    os.environ.update(quiet)
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     results: dict[int, Any] = {}
     errors: dict[int, str] = {}
     deadline = time.monotonic() + timeout
