@@ -42,6 +42,16 @@ _EXPORTS = {
     "extract_specs": "extract",
     "ExtractContext": "extract",
     "ExtractError": "extract",
+    # planning (offline and per rank)
+    "LayoutTable": "plan.table",
+    "TableEntry": "plan.table",
+    "TableBuilder": "plan.table",
+    "plan_rank": "plan.rank",
+    "validate_table": "plan.validate",
+    "exchange_layouts": "exchange",
+    "ExchangeStats": "exchange",
+    "simulate": "simulate",
+    "parse_parallel": "simulate",
     # refit API
     "refit": "api",
     "prepare": "api",
