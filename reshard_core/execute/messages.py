@@ -1,9 +1,13 @@
 """One message per peer per batch: packing what a rank sends, preparing and landing what it receives.
 
 A message is a sequence of slots (``slots.py``), one per wire tensor: the source region of an
-untransformed op (in the plan's dtype), or each tensor a transform produced for the op. When a peer's
-message is a single contiguous tensor of the right dtype it goes on the wire as is (no staging): the
-source view on the sender, the destination view (or the transform's receive buffer) on the receiver.
+untransformed op (in the plan's dtype), or each tensor a transform produced for the op. A message
+goes on the wire without staging when its slots already lie in memory as the message would hold
+them: one contiguous tensor of the right dtype, or several contiguous regions of one storage laid
+end to end in slot order (e.g. the two row ranges of a stride-2 fc1 shard that land next to each
+other in the destination). Then the sender sends the source memory itself and the receiver receives
+straight into the destination (or the transform's receive buffer); each side decides on its own,
+since both derive the same byte layout.
 """
 
 from __future__ import annotations
@@ -100,10 +104,11 @@ def build_outgoing(ctx: ExecContext, peer: int, ops: list[TransferOp]) -> Outgoi
     if total == 0:
         ctx.meter.release(produced)
         return None
-    first, first_dtype = pieces[0]
-    if len(pieces) == 1 and first.is_contiguous() and first.dtype == first_dtype:
-        return Outgoing(peer, first, produced)
-    message = ctx.pool.take(total, first.device)
+    if all(t.dtype == dtype for t, dtype in pieces):
+        span = contiguous_span([t for t, _ in pieces], slots, total)
+        if span is not None:
+            return Outgoing(peer, span, produced)
+    message = ctx.pool.take(total, pieces[0][0].device)
     staged = ctx.meter.hold(total)
     for (tensor, _), slot in zip(pieces, slots, strict=True):
         slot_view(message, slot).copy_(tensor)
@@ -122,15 +127,42 @@ def _landing(ctx: ExecContext, op: TransferOp) -> tuple[Landing, list[tuple[tupl
     return Landing(op, [], None, buffers, device), [(tuple(b.shape), b.dtype) for b in buffers]
 
 
-def _direct_target(landings: list[Landing], slot_count: int, dtype_of) -> torch.Tensor | None:
-    """The tensor to receive into without staging, when the message is one slot that can land as is."""
-    if len(landings) != 1 or slot_count != 1:
+def contiguous_span(tensors: list[torch.Tensor], slots: list[Slot], total: int) -> torch.Tensor | None:
+    """The memory of ``tensors`` as one message, when they already sit where ``slots`` put them.
+
+    That is: every tensor contiguous and non-empty, all in one storage, tensor ``i`` starting
+    ``slots[i].offset`` bytes after the first. One tensor is returned as is; several as a flat uint8
+    view of the storage range they cover (``total`` bytes). None when any condition fails.
+    """
+    first = tensors[0]
+    if len(tensors) == 1:
+        return first if first.is_contiguous() and first.nbytes == total else None
+    storage = first.untyped_storage()
+    base = first.data_ptr()
+    for tensor, slot in zip(tensors, slots, strict=True):
+        if not tensor.is_contiguous() or tensor.nbytes == 0 or tensor.device != first.device:
+            return None
+        if tensor.data_ptr() - base != slot.offset:
+            return None
+        if tensor.untyped_storage().data_ptr() != storage.data_ptr():
+            return None
+    span = torch.empty(0, dtype=torch.uint8, device=first.device)
+    return span.set_(storage, base - storage.data_ptr(), (total,), (1,))
+
+
+def _direct_target(
+    landings: list[Landing], slots: list[Slot], total: int, dtype_of
+) -> torch.Tensor | None:
+    """The tensor to receive into without staging: the destination regions themselves when they lie
+    as the message's slots do, or a transform's single receive buffer."""
+    if any(landing.buffers is not None for landing in landings):
+        if len(landings) != 1 or len(slots) != 1:
+            return None
+        buffer = landings[0].buffers[0]
+        return buffer if buffer.is_contiguous() else None
+    if any(landing.target.dtype != dtype_of(landing.op.name) for landing in landings):
         return None
-    landing = landings[0]
-    if landing.buffers is not None:
-        return landing.buffers[0] if landing.buffers[0].is_contiguous() else None
-    target = landing.target
-    return target if target.is_contiguous() and target.dtype == dtype_of(landing.op.name) else None
+    return contiguous_span([landing.target for landing in landings], slots, total)
 
 
 def build_incoming(ctx: ExecContext, peer: int, ops: list[TransferOp]) -> Incoming | None:
@@ -143,7 +175,7 @@ def build_incoming(ctx: ExecContext, peer: int, ops: list[TransferOp]) -> Incomi
     position = 0
     for landing, specs in pairs:
         landing.slots, position = slots[position : position + len(specs)], position + len(specs)
-    direct = _direct_target(landings, len(slots), ctx.wire_dtype)
+    direct = _direct_target(landings, slots, total, ctx.wire_dtype)
     if direct is not None:
         return Incoming(peer, direct, landings, True, ctx.meter.hold(_buffer_bytes(landings)))
     for landing in landings:  # packed: the transform gets views of the message instead
@@ -180,4 +212,4 @@ def run_local(ctx: ExecContext, op: TransferOp) -> int:
         held = ctx.meter.hold(sum(t.nbytes for t in wire))
         transform.finalize_recv(op.name, op, wire)
         ctx.meter.release(held)
-    return op.numel * ctx.plan.tensors[op.name].itemsize
+    return op.numel * ctx.plan.tensors[op.name].dtype.itemsize

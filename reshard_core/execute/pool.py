@@ -7,6 +7,8 @@ are flat uint8 tensors, reused only for the same (device, size); ``clear()`` fre
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 
@@ -34,3 +36,24 @@ class StagingPool:
 
     def clear(self) -> None:
         self._free.clear()
+
+
+_PLAN_POOLS: dict[int, tuple[weakref.ref, StagingPool]] = {}
+
+
+def pool_for(plan: object) -> StagingPool:
+    """The pool kept with ``plan`` while it lives: refits repeat a cached plan, so its staging sizes
+    repeat, and the pool hands the same (already touched) buffers back. Freed with the plan."""
+    key = id(plan)
+    found = _PLAN_POOLS.get(key)
+    if found is not None and found[0]() is plan:
+        return found[1]
+    pool = StagingPool()
+    _PLAN_POOLS[key] = (weakref.ref(plan, lambda ref: _forget(key, ref)), pool)
+    return pool
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    found = _PLAN_POOLS.get(key)
+    if found is not None and found[0] is ref:
+        del _PLAN_POOLS[key]

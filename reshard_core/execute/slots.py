@@ -23,7 +23,7 @@ class Slot:
 
 
 def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype.itemsize
 
 
 def layout_slots(specs: Sequence[tuple[tuple[int, ...], torch.dtype]]) -> tuple[list[Slot], int]:

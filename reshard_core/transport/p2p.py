@@ -112,6 +112,16 @@ class InFlight:
             self.service._complete(self)
             self.done = True
 
+    def abandon(self) -> None:
+        """Give up on the round without waiting (after another round failed): its buffers stay
+        referenced for the life of the process and the backend is told to release the peers."""
+        if self.done:
+            return
+        self.done = True
+        _ABANDONED.append(self)
+        if not self.service._closed:  # a transport that gave up already (NCCL abort) has no comm left
+            self.service._give_up(self, -1)
+
 
 class P2PCopyService(CopyService):
     """Queue, issue and wait point-to-point ops; subclasses say how tensors reach the backend.

@@ -286,3 +286,62 @@ def test_destinations_may_be_parameters_that_require_grad():
     plan = plan_of(0, [op("local", "w", 0, (0, 0), (4, 6), (0, 0), (0, 0))])
     execute_plan(plan, src, dst, Recorder())
     assert torch.equal(dst["w"].detach(), src["w"]) and dst["w"].requires_grad
+
+
+# -- messages without staging ---------------------------------------------------------------------------
+
+
+class Capture(Recorder):
+    """A recording transport that keeps the submitted tensors (and moves nothing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.tensors: list[torch.Tensor] = []
+        self.sent: dict[int, torch.Tensor] = {}
+
+    def submit_send(self, tensor, dest_rank, task_id):
+        super().submit_send(tensor, dest_rank, task_id)
+        self.sent[dest_rank] = tensor
+
+    def submit_recv(self, tensor, src_rank, task_id):
+        super().submit_recv(tensor, src_rank, task_id)
+        self.tensors.append(tensor)
+
+
+def test_slices_adjacent_in_one_storage_go_on_the_wire_as_one_unstaged_message():
+    flat = torch.arange(48, dtype=F32)
+    src = {"w": flat[:24].view(4, 6), "v": flat[24:].view(4, 6)}  # one storage, end to end
+    dst = {"w": torch.zeros(4, 6)}
+    ops = [
+        op("recv", "w", 1, (0, 0), (2, 6), None, (0, 0)),  # rows 0-1, then rows 2-3: adjacent
+        op("recv", "w", 1, (2, 0), (2, 6), None, (2, 0)),
+        op("send", "v", 1, (0, 0), (4, 6), (0, 0), None),
+        op("send", "w", 1, (0, 0), (4, 6), (0, 0), None),  # w after v: not in storage order
+        op("send", "w", 2, (0, 0), (4, 6), (0, 0), None),
+        op("send", "v", 2, (0, 0), (4, 6), (0, 0), None),  # w then v: in storage order
+    ]
+    transport = Capture()
+    stats = execute_plan(plan_of(0, ops), src, dst, transport)
+    sent, (received,) = transport.sent, transport.tensors
+    assert received.data_ptr() == dst["w"].data_ptr() and received.nbytes == 96
+    assert sent[2].data_ptr() == flat.data_ptr() and sent[2].nbytes == 192
+    assert sent[1].data_ptr() not in (flat.data_ptr(), flat[24:].data_ptr())  # packed
+    assert stats.peak_staging_bytes == 192  # only the message to rank 1
+    assert stats.messages_sent == 2 and stats.messages_received == 1
+
+
+def test_slices_out_of_order_or_with_gaps_are_staged():
+    dst = {"w": torch.zeros(4, 6)}
+    reversed_rows = [
+        op("recv", "w", 1, (2, 0), (2, 6), None, (2, 0)),
+        op("recv", "w", 1, (0, 0), (2, 6), None, (0, 0)),
+    ]
+    gap = [
+        op("recv", "w", 1, (0, 0), (1, 6), None, (0, 0)),
+        op("recv", "w", 1, (2, 0), (2, 6), None, (2, 0)),
+    ]
+    for ops in (reversed_rows, gap):
+        transport = Capture()
+        stats = execute_plan(plan_of(0, ops), {}, dst, transport)
+        assert transport.tensors[0].data_ptr() != dst["w"].data_ptr()
+        assert stats.peak_staging_bytes == transport.tensors[0].nbytes > 0
