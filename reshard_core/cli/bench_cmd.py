@@ -111,10 +111,10 @@ def _print(report: dict[str, Any]) -> None:
     cols = ("layouts", "refit s", "wire floor s", "refit/floor", "+local floor s", "refit/(+local)",
             "sent MB", "local MB", "verified")  # fmt: skip
     for col in cols:
-        table.add_column(col, justify="right" if col != "layouts" else "left")
+        table.add_column(col, justify="right" if col != "layouts" else "left", no_wrap=True)
     if report["megatron_core"]:
-        table.add_column("Megatron-Core s", justify="right")
-        table.add_column("speed-up", justify="right")
+        table.add_column("Megatron-Core s", justify="right", no_wrap=True)
+        table.add_column("speed-up", justify="right", no_wrap=True)
     for row in report["rows"]:
         ours = row["ours"] or {}
         cells = [
@@ -133,7 +133,7 @@ def _print(report: dict[str, Any]) -> None:
         table.add_row(*cells)
     out = console()
     if not out.is_terminal:  # a pipe or file gets the whole table, not an 80-column squeeze
-        out.width = max(out.width, 150)
+        out.width = max(out.width, 160)
     out.print(table)
 
 
