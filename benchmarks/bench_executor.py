@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-from reshard_core.execute import ExecStats, StagingPool, execute_plan
+from reshard_core.execute import StagingPool, execute_plan
 from reshard_core.execute.check import region
 from reshard_core.layout import Layout, Mesh, Replicate, Shard
 from reshard_core.plan.ops import OpKind, RankPlan
@@ -212,38 +212,48 @@ def cpu_seconds() -> float:
 
 
 def time_floor(transport, sends: dict[int, torch.Tensor], recvs: dict[int, torch.Tensor]) -> tuple:
-    """One round of single large messages per pair: the slowest rank's seconds, this rank's CPU seconds."""
+    """One round of single large messages per pair (receives posted first, all at once): the slowest
+    rank's seconds, this rank's CPU seconds."""
     dist.barrier()
     cpu, start = cpu_seconds(), time.perf_counter()
-    for peer, buf in sends.items():
-        transport.submit_send(buf, peer, 0)
     for peer, buf in recvs.items():
         transport.submit_recv(buf, peer, 0)
+    for peer, buf in sends.items():
+        transport.submit_send(buf, peer, 0)
     transport.run()
     elapsed, cpu = time.perf_counter() - start, cpu_seconds() - cpu
     return slowest(elapsed), cpu
 
 
-def time_refit(plan, src, dst, transport, pool, profiler) -> tuple[float, float, dict]:
+def time_refit(variant: Variant, src, dst, transport, profiler) -> tuple[float, float, dict]:
     """One warm refit: the slowest rank's seconds, this rank's CPU seconds and ``ExecStats``."""
     dist.barrier()
     if profiler is not None:
         profiler.enable()
     cpu, start = cpu_seconds(), time.perf_counter()
-    stats = execute_plan(plan, src, dst, transport, pool=pool, **plan_kwargs())
+    stats = execute_plan(variant.plan, src, dst, transport, pool=variant.pool, window=variant.window)
     elapsed, cpu = time.perf_counter() - start, cpu_seconds() - cpu
     if profiler is not None:
         profiler.disable()
     return slowest(elapsed), cpu, asdict(stats)
 
 
-def plan_kwargs() -> dict:
-    """Extra ``execute_plan`` keywords from ``RESHARD_BENCH_EXEC`` (``k=v,...``, ints), for experiments."""
-    out = {}
-    for item in filter(None, os.environ.get("RESHARD_BENCH_EXEC", "").split(",")):
-        key, value = item.split("=")
-        out[key] = int(value)
-    return out
+@dataclass
+class Variant:
+    """One executor set-up timed in the run: a plan (batch budget), its pool, the window."""
+
+    max_batch_bytes: int | None
+    window: int
+    plan: RankPlan
+    pool: StagingPool
+    seconds: list[float]
+    cpu: list[float]
+    stats: list[dict]
+
+    @property
+    def label(self) -> str:
+        budget = "one batch" if self.max_batch_bytes is None else f"max_batch_bytes={self.max_batch_bytes}"
+        return budget + (f", window={self.window}" if self.window else "")
 
 
 def announce_timing(rank: int) -> None:
@@ -256,113 +266,159 @@ def announce_timing(rank: int) -> None:
             f.write(",".join(map(str, pids)))
 
 
+def floor_buffers(volumes: dict[int, int]) -> dict[int, torch.Tensor]:
+    """One preallocated, already touched byte buffer per peer."""
+    return {peer: torch.ones(n, dtype=torch.uint8) for peer, n in sorted(volumes.items())}
+
+
+def make_variants(table: LayoutTable, rank: int, opts: dict) -> list[Variant]:
+    """Every (batch budget, window) pair asked for, planned for this rank."""
+    out = []
+    for budget in opts["max_batch_bytes"]:
+        plan = plan_rank(table, rank, max_batch_bytes=budget)
+        for window in opts["windows"]:
+            out.append(Variant(budget, window, plan, StagingPool(), [], [], []))
+    return out
+
+
+def timed_loop(opts: dict, variants: list[Variant], src, dst, transport, floor: tuple) -> list[tuple]:
+    """Warm up, then per iteration the wire floor and every variant's refit, interleaved."""
+    profiler = cProfile.Profile() if opts["profile"] else None
+    for _ in range(opts["warmup"]):
+        time_floor(transport, *floor)
+        for v in variants:
+            time_refit(v, src, dst, transport, None)
+    announce_timing(dist.get_rank())
+    floors = []
+    for _ in range(opts["iters"]):
+        if opts["only"] != "refit":
+            floors.append(time_floor(transport, *floor))
+        if opts["only"] == "floor":
+            continue
+        for v in variants:
+            seconds, cpu, stats = time_refit(v, src, dst, transport, profiler)
+            v.seconds.append(seconds)
+            v.cpu.append(cpu)
+            v.stats.append(stats)
+    if profiler is not None:
+        os.makedirs(opts["profile"], exist_ok=True)
+        profiler.dump_stats(os.path.join(opts["profile"], f"refit_rank{dist.get_rank()}.prof"))
+    return floors
+
+
+def verify_variant(table, rank, variant: Variant, src, dst, transport) -> int:
+    """Wipe the destinations, refit once with ``variant`` and count wrong tensors."""
+    for tensor in dst.values():
+        tensor.view(torch.uint8).fill_(0xFF)
+    execute_plan(variant.plan, src, dst, transport, pool=variant.pool, window=variant.window)
+    return verify(table, rank, dst)
+
+
 def _rank_main(rank: int, world: int, opts: dict) -> dict:
     from reshard_gloo.transport import GlooCopyService
 
     torch.set_num_threads(opts["threads"])
-    shape = Shape(**opts["shape"])
     src_side, dst_side = PATTERNS[opts["pattern"]]
-    table = build_table(shape, src_side, dst_side)
-    t0 = time.perf_counter()
-    plan = plan_rank(table, rank, max_batch_bytes=opts["max_batch_bytes"])
-    plan_s = time.perf_counter() - t0
+    table = build_table(Shape(**opts["shape"]), src_side, dst_side)
+    variants = make_variants(table, rank, opts)
     src = locals_of(table, rank, "src", fill=True)
     dst = locals_of(table, rank, "dst", fill=False)
-    send_vol, recv_vol = pair_volumes(plan)
-    floor_send = {p: torch.empty(n, dtype=torch.uint8) for p, n in sorted(send_vol.items())}
-    floor_recv = {p: torch.empty(n, dtype=torch.uint8) for p, n in sorted(recv_vol.items())}
-    for buf in (*floor_send.values(), *floor_recv.values()):
-        buf.fill_(1)  # touch every page once, as the pool's warm buffers are
+    send_vol, recv_vol = pair_volumes(variants[0].plan)
     transport = GlooCopyService(timeout=opts["timeout"])
-    pool = StagingPool()
-    profiler = cProfile.Profile() if opts["profile"] and rank == 0 else None
-    for _ in range(opts["warmup"]):
-        time_floor(transport, floor_send, floor_recv)
-        time_refit(plan, src, dst, transport, pool, None)
-    announce_timing(rank)
-    floors, refits, stats, cpu_floor, cpu_refit = [], [], [], [], []
-    for _ in range(opts["iters"]):
-        skip = opts["only"] == "refit"
-        seconds, cpu = (0.0, 0.0) if skip else time_floor(transport, floor_send, floor_recv)
-        floors.append(seconds)
-        cpu_floor.append(cpu)
-        if opts["only"] == "floor":
-            refits.append(0.0)
-            cpu_refit.append(0.0)
-            stats.append(asdict(ExecStats()))
-            continue
-        seconds, cpu, st = time_refit(plan, src, dst, transport, pool, profiler)
-        refits.append(seconds)
-        cpu_refit.append(cpu)
-        stats.append(st)
-    if profiler is not None:
-        os.makedirs(opts["profile"], exist_ok=True)
-        profiler.dump_stats(os.path.join(opts["profile"], f"refit_rank{rank}.prof"))
-    bad = verify(table, rank, dst) if opts["verify"] else None
+    floor = (floor_buffers(send_vol), floor_buffers(recv_vol))
+    floors = timed_loop(opts, variants, src, dst, transport, floor)
+    bad = [verify_variant(table, rank, v, src, dst, transport) if opts["verify"] else None for v in variants]
     transport.close()
-    phases = {k: statistics.median(s[k] for s in stats) for k in stats[0] if k.startswith("seconds_")}
-    counts = {k: v for k, v in stats[-1].items() if not k.startswith("seconds_")}
     return dict(
-        rank=rank, floors=floors, refits=refits, phases=phases, counts=counts, sends=send_vol,
-        recvs=recv_vol, plan_seconds=plan_s, ops=len(plan.ops), batches=plan.num_batches, bad=bad,
-        src_bytes=sum(t.nbytes for t in src.values()), dst_bytes=sum(t.nbytes for t in dst.values()),
-        pool_bytes=pool.held_bytes, cpu_floor=statistics.median(cpu_floor),
-        cpu_refit=statistics.median(cpu_refit),
+        rank=rank, floors=[f[0] for f in floors], cpu_floor=median_or_zero([f[1] for f in floors]),
+        sends=send_vol, recvs=recv_vol,
+        variants=[variant_result(v, b) for v, b in zip(variants, bad, strict=True)],
     )  # fmt: skip
 
 
-RANK_KEYS = (
-    "rank", "phases", "counts", "sends", "recvs", "plan_seconds", "ops", "batches", "bad", "pool_bytes",
-    "cpu_floor", "cpu_refit",
-)  # fmt: skip
+def median_or_zero(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def variant_result(v: Variant, bad: int | None) -> dict:
+    """What one rank reports for one variant: slowest-rank seconds, own CPU, median phases, counts."""
+    phases = {k: median_or_zero([s[k] for s in v.stats]) for k in (v.stats[0] if v.stats else ())}
+    counts = {k: val for k, val in (v.stats[-1].items() if v.stats else ()) if not k.startswith("seconds_")}
+    return dict(
+        label=v.label, max_batch_bytes=v.max_batch_bytes, window=v.window, seconds=v.seconds,
+        cpu=median_or_zero(v.cpu), phases={k: x for k, x in phases.items() if k.startswith("seconds_")},
+        counts=counts, batches=v.plan.num_batches, ops=len(v.plan.ops), bad=bad, pool_bytes=v.pool.held_bytes,
+    )  # fmt: skip
 
 
 def summarize(results: list[dict], opts: dict) -> dict:
+    """Medians and ratios per variant (times are the slowest rank's, identical on every rank)."""
     floors = results[0]["floors"]
-    refits = results[0]["refits"]
-    floor, refit = statistics.median(floors), statistics.median(refits)
-    paired = None
-    if min(floors) > 0 and min(refits) > 0:
-        paired = statistics.median(r / f for r, f in zip(refits, floors, strict=True))
-    model_bytes = sum(
-        TensorMeta(n, s, BF16).numel * 2 for n, s, _, _ in gpt_weights(Shape(**opts["shape"]))
-    )  # fmt: skip
+    floor = median_or_zero(floors)
+    wire = sum(sum(r["sends"].values()) for r in results)
+    shape = Shape(**opts["shape"])
+    model_bytes = sum(TensorMeta(n, s, BF16).numel * 2 for n, s, _, _ in gpt_weights(shape))
+    variants = []
+    for k, first in enumerate(results[0]["variants"]):
+        seconds = first["seconds"]
+        refit = median_or_zero(seconds)
+        usable = wire > 0 and floors and seconds
+        paired = statistics.median(r / f for r, f in zip(seconds, floors, strict=True)) if usable else None
+        variants.append(dict(
+            label=first["label"], max_batch_bytes=first["max_batch_bytes"], window=first["window"],
+            refit_s=refit, refit_all=seconds, ratio=refit / floor if usable else None,
+            paired_ratio=paired,
+            cpu_s=sum(r["variants"][k]["cpu"] for r in results),
+            local_bytes=sum(r["variants"][k]["counts"].get("bytes_local", 0) for r in results),
+            ranks=[dict(rank=r["rank"], sends=r["sends"], **r["variants"][k]) for r in results],
+        ))  # fmt: skip
     return dict(
-        pattern=opts["pattern"], model_gb=model_bytes / 1e9, max_batch_bytes=opts["max_batch_bytes"],
-        threads=opts["threads"], refit_s=refit, floor_s=floor,
-        ratio=refit / floor if floor > 0 and refit > 0 else None, paired_ratio=paired,
-        refit_all=refits, floor_all=floors,
-        wire_bytes=sum(sum(r["sends"].values()) for r in results),
-        cpu_floor_s=sum(r["cpu_floor"] for r in results), cpu_refit_s=sum(r["cpu_refit"] for r in results),
-        local_bytes=sum(r["counts"]["bytes_local"] for r in results),
-        ranks=[{k: r[k] for k in RANK_KEYS} for r in results],
+        pattern=opts["pattern"], model_gb=model_bytes / 1e9, threads=opts["threads"], wire_bytes=wire,
+        floor_s=floor, floor_all=floors, cpu_floor_s=sum(r["cpu_floor"] for r in results), variants=variants,
     )  # fmt: skip
 
 
 def print_report(s: dict) -> None:
     mb = 1e6
-    print(f"pattern {s['pattern']}: {s['model_gb']:.3f} GB bf16, max_batch_bytes={s['max_batch_bytes']}, "
-          f"threads/rank={s['threads']}")  # fmt: skip
-    print(f"  wire {s['wire_bytes'] / mb:.1f} MB over all pairs, local copies {s['local_bytes'] / mb:.1f} MB")
-    print("  refit  s: " + " ".join(f"{x:.3f}" for x in s["refit_all"]))
-    print("  floor  s: " + " ".join(f"{x:.3f}" for x in s["floor_all"]))
-    ratio = "n/a (nothing on the wire)" if s["ratio"] is None else f"{s['ratio']:.2f}"
-    paired = "n/a" if s["paired_ratio"] is None else f"{s['paired_ratio']:.2f}"
-    print(f"  median refit {s['refit_s']:.3f} s, wire floor {s['floor_s']:.3f} s, "
-          f"ratio {ratio} (median of paired ratios {paired})")  # fmt: skip
-    print(f"  CPU seconds, all ranks (medians): refit {s['cpu_refit_s']:.3f}, floor {s['cpu_floor_s']:.3f}")
-    for r in s["ranks"]:
-        ph = r["phases"]
-        sends = ", ".join(f"→{p}: {n / mb:.1f}" for p, n in sorted(r["sends"].items())) or "-"
-        print(
-            f"  rank {r['rank']}: cpu {r['cpu_refit']:.3f}/{r['cpu_floor']:.3f} "
-            f"total {ph['seconds_total']:.3f} pack {ph['seconds_pack']:.3f} "
-            f"transfer {ph['seconds_transfer']:.3f} local {ph['seconds_local']:.3f} "
-            f"unpack {ph['seconds_unpack']:.3f} | sends MB {sends} | local "
-            f"{r['counts']['bytes_local'] / mb:.1f} MB | msgs {r['counts']['messages_sent']} "
-            f"batches {r['batches']} ops {r['ops']} | staging peak "
-            f"{r['counts']['peak_staging_bytes'] / mb:.1f} MB | verify {'ok' if r['bad'] == 0 else r['bad']}"
-        )
+    print(f"pattern {s['pattern']}: {s['model_gb']:.3f} GB bf16, {s['wire_bytes'] / mb:.1f} MB on the wire "
+          f"(all pairs), threads/rank={s['threads']}")  # fmt: skip
+    if s["floor_all"]:
+        print(f"  wire floor  median {s['floor_s']:.3f} s, CPU {s['cpu_floor_s']:.3f} s (all ranks) | "
+              + " ".join(f"{x:.3f}" for x in s["floor_all"]))  # fmt: skip
+    for v in s["variants"]:
+        ratio = "n/a" if v["ratio"] is None else f"{v['ratio']:.2f}"
+        paired = "n/a" if v["paired_ratio"] is None else f"{v['paired_ratio']:.2f}"
+        print(f"  refit [{v['label']}]  median {v['refit_s']:.3f} s, CPU {v['cpu_s']:.3f} s, "
+              f"ratio {ratio} (paired {paired}), local {v['local_bytes'] / mb:.1f} MB | "
+              + " ".join(f"{x:.3f}" for x in v["refit_all"]))  # fmt: skip
+        for r in v["ranks"]:
+            print("    " + rank_line(r))
+
+
+def rank_line(r: dict) -> str:
+    """One rank's median phases, volumes and counts for one variant."""
+    mb, ph, c = 1e6, r["phases"], r["counts"]
+    sends = ", ".join(f"→{p} {n / mb:.1f}" for p, n in sorted(r["sends"].items())) or "-"
+    verdict = {None: "not checked", 0: "ok"}.get(r["bad"], f"{r['bad']} WRONG")
+    return (
+        f"rank {r['rank']}: cpu {r['cpu']:.3f} total {ph.get('seconds_total', 0):.3f} "
+        f"pack {ph.get('seconds_pack', 0):.3f} transfer {ph.get('seconds_transfer', 0):.3f} "
+        f"local {ph.get('seconds_local', 0):.3f} unpack {ph.get('seconds_unpack', 0):.3f} | "
+        f"sends MB {sends} | msgs {c.get('messages_sent', 0)} batches {r['batches']} | staging "
+        f"{c.get('peak_staging_bytes', 0) / mb:.1f} MB | {verdict}"
+    )
+
+
+def parse_budget(text: str) -> int | None:
+    """``none`` (one batch) or a byte count, with an optional KiB/MiB/GiB or KB/MB/GB suffix."""
+    text = text.strip()
+    if text.lower() == "none":
+        return None
+    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
+    for suffix, factor in units.items():
+        if text.lower().endswith(suffix):
+            return int(float(text[: -len(suffix)]) * factor)
+    return int(text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -370,7 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pattern", action="append", choices=sorted(PATTERNS), help="default: tp2dp2-tp4")
     ap.add_argument("--iters", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--max-batch-bytes", type=int, default=None)
+    ap.add_argument("--max-batch-bytes", default="none,4MiB",
+                    help="comma list of batch budgets to compare (none = one batch), e.g. none,1MiB,4MiB")
+    ap.add_argument("--window", default="0", help="comma list of executor windows (staged bytes in flight)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=8)
@@ -378,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ffn", type=int, default=4096)
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--no-verify", dest="verify", action="store_false")
-    ap.add_argument("--profile", default=None, help="directory for rank 0's cProfile of the timed refits")
+    ap.add_argument("--profile", default=None, help="directory for each rank's cProfile of the timed refits")
     ap.add_argument("--only", choices=("refit", "floor"), help="time one side only (for profilers)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -387,7 +445,8 @@ def main(argv: list[str] | None = None) -> int:
     for pattern in args.pattern or ["tp2dp2-tp4"]:
         opts = dict(
             pattern=pattern, shape=shape, iters=args.iters, warmup=args.warmup, threads=args.threads,
-            max_batch_bytes=args.max_batch_bytes, timeout=args.timeout, verify=args.verify,
+            max_batch_bytes=[parse_budget(b) for b in args.max_batch_bytes.split(",")],
+            windows=[int(w) for w in args.window.split(",")], timeout=args.timeout, verify=args.verify,
             profile=args.profile, only=args.only,
         )  # fmt: skip
         results = run_world(_rank_main, WORLD, opts, timeout=1800, pg_timeout=600)

@@ -308,6 +308,48 @@ def test_a_stalled_rank_makes_every_peer_raise_within_the_timeout_naming_it():
         )
 
 
+class WaitCounting(GlooCopyService):
+    """Gloo, counting the waits that block with the full timeout (giving up waits 1 ms, uncounted)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.blocking_waits = 0
+
+    def _wait_issued(self, issued, deadline):
+        self.blocking_waits += 1
+        super()._wait_issued(issued, deadline)
+
+
+def _stalled_many_batches_world(rank, world, timeout):
+    names = [f"w{k}" for k in range(5)]
+    tensors = [(n, (8, 4), F32, [lay((0,))], [lay((1, 2), Shard(0))]) for n in names]
+    plan = plan_rank(table_of(tensors), rank, max_batch_bytes=1)  # one batch per tensor
+    if rank == 0:
+        time.sleep(timeout + 6)
+        return "stalled"
+    dst = {n: torch.zeros(4, 4) for n in names}
+    transport = WaitCounting(timeout=timeout)
+    try:
+        execute_plan(plan, {}, dst, transport)
+    except TransportError as exc:
+        return str(exc), plan.num_batches, transport.blocking_waits
+    return "no error"
+
+
+def test_a_stalled_rank_with_many_batches_in_flight_costs_one_timeout_not_one_per_batch():
+    results = run_world(_stalled_many_batches_world, 3, 2.0, timeout=120, pg_timeout=60)
+    assert results[0] == "stalled"
+    for rank in (1, 2):
+        message, batches, blocking_waits = results[rank]
+        task = (0 << 40) | (0 << 20) | rank
+        assert batches == 5
+        assert message == (
+            f"rank {rank}, batch 0: gloo: recv from rank 0 (task {task}, 64 bytes) failed: "
+            "timed out after 2 s"
+        )
+        assert blocking_waits == 1  # the other batches' receives were given up, not waited out
+
+
 def _killed_world(rank, world):
     tensors = [("w", (8, 4), F32, [lay((0,))], [lay((0, 1, 2), Shard(0))])]
     plan = plan_rank(table_of(tensors), rank)
