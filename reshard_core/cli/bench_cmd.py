@@ -15,7 +15,15 @@ from rich.console import Console
 from rich.table import Table
 
 from ..errors import PluginError, ReshardError
-from .output import EXIT_FAILURE, EXIT_USAGE, console, print_error, print_json
+from .output import (
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    console,
+    optional_bytes,
+    print_error,
+    print_json,
+    require_transport,
+)
 
 
 def bench_command(
@@ -46,11 +54,11 @@ def bench_command(
     try:
         opts = BenchOptions(
             model=model, size=size, pairs=tuple(pair or DEFAULT_PAIRS), world=world_size, reps=reps,
-            warmup=warmup, transport=transport, max_batch_bytes=_bytes(max_batch_bytes),
+            warmup=warmup, transport=transport, max_batch_bytes=optional_bytes(max_batch_bytes),
             megatron=megatron, megatron_deadline=megatron_deadline, dtype=dtype,
         )  # fmt: skip
         check_options(opts)
-        _check_transport(transport)
+        require_transport(transport)
     except (ValueError, PluginError) as exc:
         print_error(exc)
         raise typer.Exit(EXIT_USAGE) from None
@@ -65,21 +73,6 @@ def bench_command(
         raise typer.Exit(EXIT_FAILURE)
 
 
-def _bytes(text: str | None) -> int | None:
-    if text is None:
-        return None
-    from .plan_cmd import parse_bytes
-
-    return parse_bytes(text)
-
-
-def _check_transport(name: str) -> None:
-    from ..transport.registry import get_transport
-
-    reason = get_transport(name).unavailable_reason()
-    if reason is not None:
-        print_error(ReshardError(f"transport '{name}' is unavailable here: {reason}"))
-        raise typer.Exit(EXIT_FAILURE)
 
 
 def _run(opts: Any) -> dict[str, Any]:

@@ -15,7 +15,15 @@ from rich.console import Console
 from rich.table import Table
 
 from ..errors import PluginError, ReshardError
-from .output import EXIT_FAILURE, EXIT_USAGE, console, print_error, print_json
+from .output import (
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    console,
+    optional_bytes,
+    print_error,
+    print_json,
+    require_transport,
+)
 
 PHASES = ("spawning", "building", "refitting", "verifying")
 _PHASE_TEXT = {
@@ -52,11 +60,11 @@ def demo_command(
         defaults = default_layouts(world_size, model)
         opts = DemoOptions(
             model=model, src=src or defaults[0], dst=dst or defaults[1], world=world_size,
-            transport=transport, max_batch_bytes=_bytes(max_batch_bytes), dtype=dtype,
+            transport=transport, max_batch_bytes=optional_bytes(max_batch_bytes), dtype=dtype,
             timeout=min(60.0, timeout),
         )  # fmt: skip
         check_options(opts)
-        _check_transport(transport)
+        require_transport(transport)
     except (ValueError, PluginError) as exc:
         print_error(exc)
         raise typer.Exit(EXIT_USAGE) from None
@@ -72,22 +80,6 @@ def demo_command(
         raise typer.Exit(EXIT_FAILURE)
 
 
-def _bytes(text: str | None) -> int | None:
-    if text is None:
-        return None
-    from .plan_cmd import parse_bytes
-
-    return parse_bytes(text)
-
-
-def _check_transport(name: str) -> None:
-    """Unknown transport: ``PluginError`` (usage); known but unavailable here: ``ReshardError``."""
-    from ..transport.registry import get_transport
-
-    reason = get_transport(name).unavailable_reason()
-    if reason is not None:
-        print_error(ReshardError(f"transport '{name}' is unavailable here: {reason}"))
-        raise typer.Exit(EXIT_FAILURE)
 
 
 def _need_megatron() -> None:

@@ -44,3 +44,25 @@ def print_json(data: Any) -> None:
 def console() -> Console:
     """A rich console on the current ``sys.stdout`` (made per call so captured output works)."""
     return Console(file=sys.stdout)
+
+
+def optional_bytes(text: str | None) -> int | None:
+    """A byte size option (``64MiB``, ``1e9``) or None when the option was not given."""
+    if text is None:
+        return None
+    from .plan_cmd import parse_bytes
+
+    return parse_bytes(text)
+
+
+def require_transport(name: str) -> None:
+    """Unknown transport: ``PluginError`` (usage); known but unavailable here: exit 1 with the reason."""
+    import typer
+
+    from ..errors import ReshardError
+    from ..transport.registry import get_transport
+
+    reason = get_transport(name).unavailable_reason()
+    if reason is not None:
+        print_error(ReshardError(f"transport '{name}' is unavailable here: {reason}"))
+        raise typer.Exit(EXIT_FAILURE)
