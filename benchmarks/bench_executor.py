@@ -231,7 +231,7 @@ def time_refit(variant: Variant, src, dst, transport, profiler) -> tuple[float, 
     if profiler is not None:
         profiler.enable()
     cpu, start = cpu_seconds(), time.perf_counter()
-    stats = execute_plan(variant.plan, src, dst, transport, pool=variant.pool, window=variant.window)
+    stats = execute_plan(variant.plan, src, dst, transport, pool=variant.pool, **variant.options)
     elapsed, cpu = time.perf_counter() - start, cpu_seconds() - cpu
     if profiler is not None:
         profiler.disable()
@@ -249,6 +249,11 @@ class Variant:
     seconds: list[float]
     cpu: list[float]
     stats: list[dict]
+
+    @property
+    def options(self) -> dict:
+        """``execute_plan`` keywords beyond the defaults."""
+        return {"window": self.window} if self.window else {}
 
     @property
     def label(self) -> str:
@@ -310,7 +315,7 @@ def verify_variant(table, rank, variant: Variant, src, dst, transport) -> int:
     """Wipe the destinations, refit once with ``variant`` and count wrong tensors."""
     for tensor in dst.values():
         tensor.view(torch.uint8).fill_(0xFF)
-    execute_plan(variant.plan, src, dst, transport, pool=variant.pool, window=variant.window)
+    execute_plan(variant.plan, src, dst, transport, pool=variant.pool, **variant.options)
     return verify(table, rank, dst)
 
 
@@ -426,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pattern", action="append", choices=sorted(PATTERNS), help="default: tp2dp2-tp4")
     ap.add_argument("--iters", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--max-batch-bytes", default="none,4MiB",
+    ap.add_argument("--max-batch-bytes", default="none,1MiB",
                     help="comma list of batch budgets to compare (none = one batch), e.g. none,1MiB,4MiB")
     ap.add_argument("--window", default="0", help="comma list of executor windows (staged bytes in flight)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")

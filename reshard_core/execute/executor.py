@@ -1,13 +1,16 @@
 """``execute_plan``: run one rank's ``RankPlan`` over a ``CopyService``, writing destinations in place.
 
 Batches are launched in plan order. Launching a batch posts its receives first (a Gloo send does
-not move until its receive is posted), then packs and posts its sends: one message per peer per
-batch (``messages.py``), which goes without staging when its slices already lie in memory as the
-message would hold them. While it is on the wire the batch's LOCAL ops run. Earlier batches stay in
-flight while the staging they hold is at most ``window`` bytes (default 0): batches moved without
-staging cost nothing to keep in flight, so the wire never waits for them; a staged batch is retired
-(waited for, unpacked, ``finalize_tensor`` called for transformed tensors it finished, its staging
-released) once the next batch is launched, so staging holds at most two batches at once.
+not move until its receive is posted), each as its own round so that it lands as soon as it
+arrived, then packs and posts its sends: one message per peer per batch (``messages.py``), which
+goes without staging when its slices already lie in memory as the message would hold them. While
+it is on the wire the batch's LOCAL ops run.
+
+A batch is retired (waited for, unpacked, ``finalize_tensor`` called for transformed tensors it
+finished, its staging released) as soon as the staging held by earlier batches exceeds ``window``
+bytes (default 0: staged batches are double-buffered, so staging holds at most two batches) or it
+finishes a transformed tensor. Batches whose messages all moved in place hold nothing and stay in
+flight, so a rank never stops packing, copying or launching to wait for them.
 ``ExecStats.peak_staging_bytes`` reports what was held.
 
 Transports with a ``start()`` returning a handle with ``wait()`` (``P2PCopyService`` and its
@@ -17,7 +20,6 @@ subclasses) get that overlap; others are driven through ``run()``, one batch at 
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -33,6 +35,9 @@ from .pool import StagingPool, pool_for
 from .schedule import Batch, finalize_points, first_points, message_task_id, split_batches
 from .stats import ExecStats
 
+_MAX_LIGHT = 256
+"""Batches kept in flight at most (bounds outstanding transport requests)."""
+
 
 @dataclass
 class Prepared:
@@ -45,10 +50,13 @@ class Prepared:
 
 @dataclass
 class Flight:
-    """A launched batch: its messages and the transport handles still to wait for."""
+    """A launched batch. ``waits`` pairs each transport handle still to wait for with the messages
+    it completes; messages completed by no handle (``run()`` transports) completed at launch."""
 
     prepared: Prepared
-    waits: list[Callable[[], None]] = field(default_factory=list)
+    waits: list[tuple[list[Incoming | Outgoing], Callable[[], None]]] = field(default_factory=list)
+    heavy: bool = False
+    """Holds staging or finishes a transformed tensor: retired as soon as the window asks."""
 
     @property
     def staged(self) -> int:
@@ -77,9 +85,10 @@ def execute_plan(
     unpacking. ``transform``: one transform or several (each name claimed by at most one); a name a
     transform owns needs no destination tensor. ``pool``: staging buffers to reuse across refits
     (default: a pool kept with ``plan`` while it lives, see ``pool_for``; pass ``StagingPool()`` for
-    fresh buffers). Inputs are
-    checked before any data moves (``PlanError``); transport failures raise ``TransportError``
-    naming the rank, batch and peer.
+    fresh buffers). ``window``: staging bytes that earlier batches may keep on the wire while later
+    ones are packed and launched (0: staged batches are double-buffered; batches moved in place
+    never count). Inputs are checked before any data moves (``PlanError``); transport failures
+    raise ``TransportError`` naming the rank, batch and peer.
     """
     started = time.perf_counter()
     owners = assign_transforms(transform, plan.tensors)
@@ -95,51 +104,64 @@ def execute_plan(
 
 
 def _pipeline(ctx: ExecContext, batches: list[Batch], transport: CopyService, window: int) -> None:
-    """Launch batches in order, keeping earlier ones on the wire while they hold little staging.
+    """Launch batches in order; retire a batch early only when it holds staging or transform state.
 
-    After batch i is launched its LOCAL ops run, then earlier batches are retired (waited for,
-    landed, their staging released) oldest first while the staging they hold exceeds ``window``
-    bytes. Batches that went without staging (contiguous slices) cost nothing to keep in flight, so
-    the wire stays busy across them; packed batches are double-buffered (``window=0``).
+    After batch i is launched its LOCAL ops run. Then, while the staging held by earlier batches
+    exceeds ``window`` bytes, the oldest batch holding any is retired (waited for, unpacked, its
+    staging released). Batches that hold nothing (every message moved in place) stay in flight
+    until the end, up to ``_MAX_LIGHT`` of them, so waiting for them never stalls packing, local
+    copies or later launches. Batches that finish transformed tensors are retired in order.
     """
     finals = finalize_points(ctx.plan, ctx.transforms)
     firsts = first_points(ctx.plan, ctx.transforms)
-    flying: deque[Flight] = deque()
-    held = 0  # staging held by the flights launched before the newest one
+    flying: list[Flight] = []  # launch order
     try:
         for batch in batches:
-            held += flying[-1].staged if flying else 0
-            flying.append(_launch(ctx, batch, firsts, transport))
+            flight = _launch(ctx, batch, firsts, transport)
+            flight.heavy = flight.staged > 0 or batch.index in finals
             _run_locals(ctx, batch)
-            while len(flying) > 1 and held > window:
+            while True:
+                held = [f for f in flying if f.heavy]
+                if not held or (sum(f.staged for f in held) <= window and not _finishes(held, finals)):
+                    break
+                _retire(ctx, held[0], finals)
+                flying.remove(held[0])
+            flying.append(flight)
+            if len(flying) > _MAX_LIGHT:
                 _retire(ctx, flying[0], finals)
-                held -= flying.popleft().staged
+                del flying[0]
         while flying:
             _retire(ctx, flying[0], finals)
-            flying.popleft()
+            del flying[0]
     except BaseException as exc:
         _settle(flying, give_up=isinstance(exc, TransportError))
         raise
 
 
+def _finishes(flights: list[Flight], finals: Mapping[int, list[str]]) -> bool:
+    """Whether any of ``flights`` finishes a transformed tensor (retired promptly, in order)."""
+    return any(f.prepared.batch.index in finals for f in flights)
+
+
 def _launch(
     ctx: ExecContext, batch: Batch, firsts: Mapping[int, list[str]], transport: CopyService
 ) -> Flight:
-    """Post the batch's receives, then pack and post its sends (a peer's send waits for our receive)."""
-    flight = Flight(Prepared(batch, [], []), [])
+    """Post the batch's receives (each its own round, so each lands as soon as it arrived), then
+    pack and post its sends (a Gloo send moves only once the peer posted the matching receive)."""
+    flight = Flight(Prepared(batch, [], []))
     rank, index = ctx.plan.rank, batch.index
+    start = getattr(transport, "start", None)
     with ctx.stats.timed("pack"):
         for name in firsts.get(index, ()):
             ctx.meter.hold(ctx.transforms[name].transient_bytes(name))
         flight.prepared.incoming = _present(build_incoming(ctx, p, ops) for p, ops in batch.recvs.items())
-    start = getattr(transport, "start", None)
     with ctx.stats.timed("transfer"):
         for inc in flight.prepared.incoming:
             transport.submit_recv(inc.message, inc.peer, message_task_id(index, inc.peer, rank))
             ctx.stats.bytes_received += inc.message.nbytes
+            if callable(start):
+                flight.waits.append(([inc], start().wait))
         ctx.stats.messages_received += len(flight.prepared.incoming)
-        if callable(start) and flight.prepared.incoming:
-            flight.waits.append(start().wait)
     with ctx.stats.timed("pack"):
         flight.prepared.outgoing = _present(build_outgoing(ctx, p, ops) for p, ops in batch.sends.items())
     with ctx.stats.timed("transfer"):
@@ -150,7 +172,7 @@ def _launch(
         if not callable(start):
             transport.run()
         elif flight.prepared.outgoing:
-            flight.waits.append(start().wait)
+            flight.waits.append((list(flight.prepared.outgoing), start().wait))
     return flight
 
 
@@ -160,23 +182,42 @@ def _present(messages: Iterable) -> list:
 
 
 def _retire(ctx: ExecContext, flight: Flight, finals: Mapping[int, list[str]]) -> None:
-    """Wait for a launched batch, then land it and release its staging."""
-    with ctx.stats.timed("transfer"):
-        while flight.waits:
-            wait = flight.waits.pop(0)
+    """Wait for a launched batch, landing each received message as soon as it arrived; then
+    release the staging of what was sent and finalize the transformed tensors it finished."""
+    pending = {id(m) for m in (*flight.prepared.incoming, *flight.prepared.outgoing)}
+    while flight.waits:
+        messages, wait = flight.waits.pop(0)
+        with ctx.stats.timed("transfer"):
             try:
                 wait()
             except TransportError as exc:
                 where = f"rank {ctx.plan.rank}, batch {flight.prepared.batch.index}"
                 raise TransportError(f"{where}: {exc}") from exc
-    _land_batch(ctx, flight.prepared, finals.get(flight.prepared.batch.index, ()))
+        _land(ctx, messages)
+        pending.difference_update(id(m) for m in messages)
+    _land(ctx, [m for m in (*flight.prepared.incoming, *flight.prepared.outgoing) if id(m) in pending])
+    with ctx.stats.timed("unpack"):
+        for name in finals.get(flight.prepared.batch.index, ()):
+            ctx.transforms[name].finalize_tensor(name)
+            ctx.meter.release(ctx.transforms[name].transient_bytes(name))
+
+
+def _land(ctx: ExecContext, messages: Iterable[Incoming | Outgoing]) -> None:
+    """Unpack completed received messages; release the staging of completed messages."""
+    with ctx.stats.timed("unpack"):
+        for message in messages:
+            if isinstance(message, Incoming):
+                land(ctx, message)
+            ctx.meter.release(message.staged)
+            if message.pooled:
+                ctx.pool.give(message.message)
 
 
 def _settle(flying: Iterable[Flight], *, give_up: bool) -> None:
     """After an error: let the peers finish what is in flight (or, after a transport failure, give
     it up at once so no rank waits out a timeout per batch); the original error is what propagates."""
     for flight in flying:
-        for wait in flight.waits:
+        for _, wait in flight.waits:
             if not give_up:
                 try:
                     wait()
@@ -195,16 +236,3 @@ def _run_locals(ctx: ExecContext, batch: Batch) -> None:
     with ctx.stats.timed("local"):
         for op in batch.local:
             ctx.stats.bytes_local += run_local(ctx, op)
-
-
-def _land_batch(ctx: ExecContext, prepared: Prepared, finished: Iterable[str]) -> None:
-    with ctx.stats.timed("unpack"):
-        for message in (*prepared.incoming, *prepared.outgoing):
-            if isinstance(message, Incoming):
-                land(ctx, message)
-            ctx.meter.release(message.staged)
-            if message.pooled:
-                ctx.pool.give(message.message)
-        for name in finished:
-            ctx.transforms[name].finalize_tensor(name)
-            ctx.meter.release(ctx.transforms[name].transient_bytes(name))
