@@ -1,27 +1,35 @@
 """Executor + Gloo transport vs the wire floor, on a GPT-shaped bf16 weight set in a 4-process world.
 
-Run: ``python benchmarks/bench_executor.py [--pattern tp2dp2-tp4] [--iters 7] [--json]``.
+Run: ``python benchmarks/bench_executor.py [--pattern tp2dp2-tp4 ...] [--max-batch-bytes none,1MiB]
+[--window 0] [--iters 11] [--json]``.
 
 Each pattern builds a layout table by hand with Megatron's layouts (source TP×DP as a
 ``(replicas, tp)`` mesh, vocab-parallel embedding/output, column qkv/fc1 (fc1 gated, stride 2),
-row proj/fc2, replicated norms and row biases), plans every rank with ``plan_rank``, and times,
-interleaved in the same run:
+row proj/fc2, replicated norms and row biases; hidden 1024, 8 layers, vocab 32000: 0.40 GB),
+plans every rank with ``plan_rank``, and times, interleaved in the same run (one floor, then one
+refit per variant, per iteration):
 
-- **refit**: ``execute_plan`` on warm plans and a kept ``StagingPool`` (what a prepared session
-  does); the time of one refit is the slowest rank's, from a common barrier;
 - **wire floor**: the same per-pair byte volumes the plan sends, each pair as one message of
-  preallocated contiguous bytes, over the same transport (``GlooCopyService``) — no packing, no
-  local copies, no landing.
+  preallocated contiguous bytes, receives posted first, over the same transport
+  (``GlooCopyService``): no packing, no local copies, no landing;
+- **refit** per variant (batch budget × executor window): ``execute_plan`` on a warm plan with a
+  kept ``StagingPool`` (what a prepared session does).
 
-It prints medians over ``--iters`` and their ratio (target: ≤ 1.25), each rank's median phase
-seconds (``ExecStats``), per-pair volumes, and checks every destination byte after the last
-refit. ``--profile DIR`` writes a cProfile of rank 0's timed refits. No assertions on time.
+A time is the slowest rank's, from a common barrier. It prints medians over ``--iters``, the ratio
+of medians (target ≤ 1.25) and the median of per-iteration ratios, the CPU seconds all ranks spent
+(``getrusage``, every thread: on a 2-core machine both are CPU-bound, so the CPU ratio predicts
+the time ratio), each rank's median phases (``ExecStats``), volumes and staging, and checks every
+destination byte of every variant after the timed loop. ``--replica-choice prefer-idle`` is an
+experiment for the planner (see ``prefer_idle_replicas``). ``--profile DIR`` writes each rank's
+cProfile of the timed refits; ``$RESHARD_BENCH_MARK`` receives the ranks' pids when timing starts
+(to attach ``perf record -p``). No assertions on time.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import itertools
 import json
 import os
 import resource
@@ -29,7 +37,7 @@ import statistics
 import sys
 import time
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -276,11 +284,59 @@ def floor_buffers(volumes: dict[int, int]) -> dict[int, torch.Tensor]:
     return {peer: torch.ones(n, dtype=torch.uint8) for peer, n in sorted(volumes.items())}
 
 
+def replicas_of(entry, rank: int) -> list[int]:
+    """The source ranks holding exactly what ``rank`` holds of ``entry`` (its replicate mesh dims)."""
+    for layout in entry.src:
+        coord = layout.mesh.coord_of(rank)
+        if coord is None:
+            continue
+        dims = [d for d, p in enumerate(layout.placements) if isinstance(p, Replicate)]
+        out = []
+        for values in itertools.product(*(range(layout.mesh.shape[d]) for d in dims)):
+            moved = list(coord)
+            for d, v in zip(dims, values, strict=True):
+                moved[d] = v
+            out.append(layout.mesh.rank_at(tuple(moved)))
+        return out
+    return [rank]
+
+
+def prefer_idle_replicas(table: LayoutTable, rank: int, budget: int | None) -> RankPlan:
+    """Experiment for the planner (``--replica-choice prefer-idle``): the built-in plans, with every
+    remote piece whose chosen sender itself receives part of that tensor moved to a replica that
+    receives nothing of it. Builds every rank's plan (fine at this size, not at scale)."""
+    plans = [plan_rank(table, r, max_batch_bytes=budget) for r in range(WORLD)]
+    mine: list = []
+    for entry in table.entries:
+        ops = {r: [o for o in plans[r].ops if o.name == entry.name] for r in range(WORLD)}
+        receivers = {r for r in range(WORLD) for o in ops[r] if o.kind is OpKind.RECV}
+        own, sends = [], []
+        for q in range(WORLD):
+            for o in ops[q]:
+                if o.kind is OpKind.SEND:
+                    continue
+                peer = o.peer
+                if o.kind is OpKind.RECV and peer in receivers:
+                    idle = [c for c in replicas_of(entry, peer) if c not in receivers and c != q]
+                    peer = idle[0] if idle else peer
+                if q == rank:
+                    own.append(replace(o, peer=peer))
+                if o.kind is OpKind.RECV and peer == rank:
+                    sends.append(replace(o, kind=OpKind.SEND, peer=q))
+        mine += own + sorted(sends, key=lambda o: o.peer)
+    base = plans[rank]
+    ops = tuple(sorted(mine, key=lambda o: o.batch))  # stable: tensor order kept inside a batch
+    return RankPlan(rank, ops, base.tensors, base.num_batches, base.source_names)
+
+
 def make_variants(table: LayoutTable, rank: int, opts: dict) -> list[Variant]:
     """Every (batch budget, window) pair asked for, planned for this rank."""
     out = []
     for budget in opts["max_batch_bytes"]:
-        plan = plan_rank(table, rank, max_batch_bytes=budget)
+        if opts["replica_choice"] == "prefer-idle":
+            plan = prefer_idle_replicas(table, rank, budget)
+        else:
+            plan = plan_rank(table, rank, max_batch_bytes=budget)
         for window in opts["windows"]:
             out.append(Variant(budget, window, plan, StagingPool(), [], [], []))
     return out
@@ -379,6 +435,7 @@ def summarize(results: list[dict], opts: dict) -> dict:
         ))  # fmt: skip
     return dict(
         pattern=opts["pattern"], model_gb=model_bytes / 1e9, threads=opts["threads"], wire_bytes=wire,
+        replica_choice=opts["replica_choice"],
         floor_s=floor, floor_all=floors, cpu_floor_s=sum(r["cpu_floor"] for r in results), variants=variants,
     )  # fmt: skip
 
@@ -386,8 +443,8 @@ def summarize(results: list[dict], opts: dict) -> dict:
 def print_report(s: dict) -> None:
     mb = 1e6
     print(f"pattern {s['pattern']}: {s['model_gb']:.3f} GB bf16, {s['wire_bytes'] / mb:.1f} MB on the wire "
-          f"(all pairs), threads/rank={s['threads']}")  # fmt: skip
-    if s["floor_all"]:
+          f"(all pairs), threads/rank={s['threads']}, replica choice {s['replica_choice']}")  # fmt: skip
+    if s["wire_bytes"]:
         print(f"  wire floor  median {s['floor_s']:.3f} s, CPU {s['cpu_floor_s']:.3f} s (all ranks) | "
               + " ".join(f"{x:.3f}" for x in s["floor_all"]))  # fmt: skip
     for v in s["variants"]:
@@ -443,6 +500,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-verify", dest="verify", action="store_false")
     ap.add_argument("--profile", default=None, help="directory for each rank's cProfile of the timed refits")
     ap.add_argument("--only", choices=("refit", "floor"), help="time one side only (for profilers)")
+    ap.add_argument("--replica-choice", choices=("builtin", "prefer-idle"), default="builtin",
+                    help="prefer-idle: experiment, see prefer_idle_replicas")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     shape = dict(hidden=args.hidden, layers=args.layers, vocab=args.vocab, ffn=args.ffn)
@@ -452,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
             pattern=pattern, shape=shape, iters=args.iters, warmup=args.warmup, threads=args.threads,
             max_batch_bytes=[parse_budget(b) for b in args.max_batch_bytes.split(",")],
             windows=[int(w) for w in args.window.split(",")], timeout=args.timeout, verify=args.verify,
-            profile=args.profile, only=args.only,
+            profile=args.profile, only=args.only, replica_choice=args.replica_choice,
         )  # fmt: skip
         results = run_world(_rank_main, WORLD, opts, timeout=1800, pg_timeout=600)
         summary = summarize(results, opts)
