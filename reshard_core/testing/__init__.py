@@ -1,1 +1,2 @@
-"""Test helpers for reshard and its plugins: local Gloo worlds, a transport conformance suite, model builders."""
+"""Test helpers for reshard and its plugins: local Gloo worlds, a transport conformance suite,
+model builders."""

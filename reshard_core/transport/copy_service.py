@@ -32,7 +32,9 @@ class CopyService(ABC):
         """
         return None
 
-    def __init__(self, group: "torch.distributed.ProcessGroup | None" = None, *, timeout: float | None = None):
+    def __init__(
+        self, group: torch.distributed.ProcessGroup | None = None, *, timeout: float | None = None
+    ) -> None:
         self.group = group
         self.timeout = timeout
 
@@ -48,5 +50,5 @@ class CopyService(ABC):
     def run(self) -> None:
         """Execute every queued op and wait for completion; the queue is empty afterwards."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a no-op default, not an abstract method
         """Release resources (buffers, streams). Safe to call more than once."""
