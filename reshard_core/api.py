@@ -110,6 +110,30 @@ class _Cached:
         return all(r() is m for r, m in zip(self.models, models, strict=True)) and self.signature == signature
 
 
+@dataclass(frozen=True)
+class _Options:
+    """The caller's choices that shape a session (everything of ``prepare`` but the models)."""
+
+    transport: str | CopyService
+    group: dist.ProcessGroup | None
+    transform: ReshardTransform | Sequence[ReshardTransform] | None
+    max_batch_bytes: int | None
+    ignore: Sequence[str]
+    tied: dict[str, str] | None
+    timeout: float | None
+
+    def key(self, src: Model, dst: Model) -> tuple:
+        """The session cache key: model identities plus every option, hashable."""
+        t = self.transform
+        transforms = (t,) if isinstance(t, ReshardTransform) else tuple(t or ())
+        return (
+            tuple(id(m) for m in _modules(src)), tuple(id(m) for m in _modules(dst)),
+            self.transport if isinstance(self.transport, str) else id(self.transport),
+            _group_key(self.group), tuple(id(x) for x in transforms), self.max_batch_bytes,
+            tuple(self.ignore), tuple(sorted((self.tied or {}).items())), self.timeout,
+        )
+
+
 _sessions: dict[tuple, _Cached] = {}
 _transports: dict[tuple, CopyService] = {}
 
@@ -133,21 +157,20 @@ def prepare(
     patterns) and ``tied`` (``{dst_name: src_name}``, e.g. an untied output layer fed from the
     embedding) are the explicit opt-outs.
     """
-    options = (transport, group, transform, max_batch_bytes, ignore, tied, timeout)
-    return _session(src, dst, *options)[0]
+    options = _Options(transport, group, transform, max_batch_bytes, ignore, tied, timeout)
+    return _session(src, dst, options)[0]
 
 
-def _session(src, dst, *options) -> tuple[Session, bool]:
+def _session(src: Model, dst: Model, options: _Options) -> tuple[Session, bool]:
     """``(session, reused)``: the cached session when every rank agrees it is still valid."""
-    group, timeout = options[1], options[6]
-    key = _options_key(src, dst, *options)
+    key = options.key(src, dst)
     signature = (_model_signature(src), _model_signature(dst))
     cached = _sessions.get(key)
     valid = cached is not None and cached.built_for(src, dst, signature)
-    everyone_valid, sides = _agree(valid, src is not None, dst is not None, group, timeout)
+    everyone_valid, sides = _agree(valid, src is not None, dst is not None, options.group, options.timeout)
     if everyone_valid:
         return cached.session, True
-    session = _build(src, dst, sides, *options)
+    session = _build(src, dst, sides, options)
     _remember(key, src, dst, signature, session)
     return session, False
 
@@ -173,7 +196,8 @@ def refit(
     A failing or vanished peer makes every rank raise ``TransportError`` within ``timeout`` seconds.
     """
     start = time.perf_counter()
-    session, reused = _session(src, dst, transport, group, transform, max_batch_bytes, ignore, tied, timeout)
+    options = _Options(transport, group, transform, max_batch_bytes, ignore, tied, timeout)
+    session, reused = _session(src, dst, options)
     with torch.no_grad():  # destinations are usually leaf Parameters that require grad
         for source in session.refreshers:
             source.refresh_source()
@@ -214,14 +238,16 @@ def _report(session: Session, stats: ExecStats, reused: bool, total: float) -> R
     )
 
 
-def _build(src, dst, sides, transport, group, transform, max_batch_bytes, ignore, tied, timeout) -> Session:
+def _build(src: Model, dst: Model, sides: tuple, options: _Options) -> Session:
     """Extract, exchange and plan. ``sides``: the global ranks passing a source / destination model,
     over which each side's plain, undeclared tensors are replicated."""
+    o = options
+    group = o.group
     seconds: dict[str, float] = {}
     t = time.perf_counter()
     src_specs = _extract(src, "src", group, sides[0])
     dst_specs = _extract(dst, "dst", group, sides[1])
-    transforms = _transforms(dst, dst_specs, transform)
+    transforms = _transforms(dst, dst_specs, o.transform)
     seconds["extract"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -230,7 +256,7 @@ def _build(src, dst, sides, transport, group, transform, max_batch_bytes, ignore
 
     t = time.perf_counter()
     plan, _ = cached_plan_rank(
-        table, dist.get_rank(), max_batch_bytes=max_batch_bytes, ignore=ignore, tied=tied,
+        table, dist.get_rank(), max_batch_bytes=o.max_batch_bytes, ignore=o.ignore, tied=o.tied,
         group=_group_key(group),
     )
     seconds["plan"] = time.perf_counter() - t
@@ -238,7 +264,7 @@ def _build(src, dst, sides, transport, group, transform, max_batch_bytes, ignore
         plan=plan,
         src_tensors=_tensors(src_specs),
         dst_tensors=_tensors(dst_specs),
-        transport=_transport(transport, group, timeout),
+        transport=_transport(o.transport, group, o.timeout),
         transforms=transforms,
         metadata_bytes=exchange_stats.bytes,
         seconds=seconds,
@@ -294,16 +320,6 @@ def _modules(model: Model) -> list[Any]:
     if model is None:
         return []
     return list(model) if isinstance(model, (list, tuple)) else [model]
-
-
-def _options_key(src, dst, transport, group, transform, max_batch_bytes, ignore, tied, timeout) -> tuple:
-    transforms = (transform,) if isinstance(transform, ReshardTransform) else tuple(transform or ())
-    transport_key = transport if isinstance(transport, str) else id(transport)
-    return (
-        tuple(id(m) for m in _modules(src)), tuple(id(m) for m in _modules(dst)), transport_key,
-        _group_key(group), tuple(id(t) for t in transforms), max_batch_bytes, tuple(ignore),
-        tuple(sorted((tied or {}).items())), timeout,
-    )
 
 
 def _remember(key: tuple, src: Model, dst: Model, signature: tuple, session: Session) -> None:
