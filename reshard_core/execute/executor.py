@@ -1,10 +1,13 @@
 """``execute_plan``: run one rank's ``RankPlan`` over a ``CopyService``, writing destinations in place.
 
 Batches are launched in plan order. Launching a batch posts its receives first (a Gloo send does
-not move until its receive is posted), each as its own round so that it lands as soon as it
-arrived, then packs and posts its sends: one message per peer per batch (``messages.py``), which
-goes without staging when its slices already lie in memory as the message would hold them. While
-it is on the wire the batch's LOCAL ops run.
+not move until its receive is posted), then packs and posts its sends. Between a pair of ranks in a
+batch, the small slices share one packed message and every slice of at least ``DIRECT_MIN_BYTES``
+is a message of its own (``schedule.message_groups``); a message goes without staging on each side
+where its slices already lie in memory as the message holds them (``messages.py``), so a large
+contiguous slice is sent from the source and received into the destination. On a transport with
+``independent_rounds`` (Gloo) each message is its own round: receives land as they arrive and each
+send is on the wire while the next is packed. While the batch is on the wire its LOCAL ops run.
 
 A batch is retired (waited for, unpacked, ``finalize_tensor`` called for transformed tensors it
 finished, its staging released) as soon as the staging held by earlier batches exceeds ``window``
@@ -14,25 +17,26 @@ flight, so a rank never stops packing, copying or launching to wait for them.
 ``ExecStats.peak_staging_bytes`` reports what was held.
 
 Transports with a ``start()`` returning a handle with ``wait()`` (``P2PCopyService`` and its
-subclasses) get that overlap; others are driven through ``run()``, one batch at a time.
+subclasses, NVSHMEM) get that overlap; others are driven through ``run()``, one batch at a time.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import torch
 
 from ..errors import TransportError
-from ..plan.ops import RankPlan
+from ..plan.ops import RankPlan, TransferOp
 from ..transform import ReshardTransform, assign_transforms
 from ..transport.copy_service import CopyService
 from .check import check_inputs
 from .messages import ExecContext, Incoming, Outgoing, build_incoming, build_outgoing, land, run_local
 from .pool import StagingPool, pool_for
-from .schedule import Batch, finalize_points, first_points, message_task_id, split_batches
+from .schedule import Batch, finalize_points, first_points, message_groups, message_task_id, split_batches
 from .stats import ExecStats
 
 _MAX_LIGHT = 256
@@ -146,34 +150,58 @@ def _finishes(flights: list[Flight], finals: Mapping[int, list[str]]) -> bool:
 def _launch(
     ctx: ExecContext, batch: Batch, firsts: Mapping[int, list[str]], transport: CopyService
 ) -> Flight:
-    """Post the batch's receives (each its own round, so each lands as soon as it arrived), then
-    pack and post its sends (a Gloo send moves only once the peer posted the matching receive)."""
+    """Post the batch's receives, then pack and post its sends (a Gloo send moves only once the
+    peer posted the matching receive). On a transport with ``independent_rounds`` every message is
+    its own round, started as soon as it is ready (receives land as they arrive, each send goes
+    while the next is packed); otherwise the batch is one round."""
     flight = Flight(Prepared(batch, [], []))
-    rank, index = ctx.plan.rank, batch.index
     start = getattr(transport, "start", None)
+    split = callable(start) and transport.independent_rounds
     with ctx.stats.timed("pack"):
-        for name in firsts.get(index, ()):
+        for name in firsts.get(batch.index, ()):
             ctx.meter.hold(ctx.transforms[name].transient_bytes(name))
-        flight.prepared.incoming = _present(build_incoming(ctx, p, ops) for p, ops in batch.recvs.items())
+    for peer, seq, ops in _messages(ctx, batch.recvs):
+        with ctx.stats.timed("pack"):
+            incoming = build_incoming(ctx, peer, ops)
+        if incoming is None:
+            continue
+        with ctx.stats.timed("transfer"):
+            transport.submit_recv(incoming.message, peer, message_task_id(batch.index, peer, ctx.plan.rank, seq))
+            ctx.stats.bytes_received += incoming.message.nbytes
+            ctx.stats.messages_received += 1
+            flight.prepared.incoming.append(incoming)
+            if split:
+                flight.waits.append(([incoming], start().wait))
+    for peer, seq, ops in _messages(ctx, batch.sends):
+        with ctx.stats.timed("pack"):
+            outgoing = build_outgoing(ctx, peer, ops)
+        if outgoing is None:
+            continue
+        with ctx.stats.timed("transfer"):
+            transport.submit_send(outgoing.message, peer, message_task_id(batch.index, ctx.plan.rank, peer, seq))
+            ctx.stats.bytes_sent += outgoing.message.nbytes
+            ctx.stats.messages_sent += 1
+            flight.prepared.outgoing.append(outgoing)
+            if split:
+                flight.waits.append(([outgoing], start().wait))
     with ctx.stats.timed("transfer"):
-        for inc in flight.prepared.incoming:
-            transport.submit_recv(inc.message, inc.peer, message_task_id(index, inc.peer, rank))
-            ctx.stats.bytes_received += inc.message.nbytes
-            if callable(start):
-                flight.waits.append(([inc], start().wait))
-        ctx.stats.messages_received += len(flight.prepared.incoming)
-    with ctx.stats.timed("pack"):
-        flight.prepared.outgoing = _present(build_outgoing(ctx, p, ops) for p, ops in batch.sends.items())
-    with ctx.stats.timed("transfer"):
-        for out in flight.prepared.outgoing:
-            transport.submit_send(out.message, out.peer, message_task_id(index, rank, out.peer))
-            ctx.stats.bytes_sent += out.message.nbytes
-        ctx.stats.messages_sent += len(flight.prepared.outgoing)
         if not callable(start):
             transport.run()
-        elif flight.prepared.outgoing:
-            flight.waits.append((list(flight.prepared.outgoing), start().wait))
+        elif not split and (flight.prepared.incoming or flight.prepared.outgoing):
+            flight.waits.append(([*flight.prepared.incoming, *flight.prepared.outgoing], start().wait))
     return flight
+
+
+def _messages(
+    ctx: ExecContext, per_peer: Mapping[int, list[TransferOp]]
+) -> Iterator[tuple[int, int, list[TransferOp]]]:
+    """``(peer, seq, ops)`` of every message of one direction in a batch, taking the peers in turn
+    (so no peer waits for all of another's messages to be packed); pairs keep ``seq`` order."""
+    queues = [(peer, list(enumerate(message_groups(ctx.plan, ops)))) for peer, ops in per_peer.items()]
+    for turn in itertools.zip_longest(*(q for _, q in queues)):
+        for (peer, _), item in zip(queues, turn, strict=True):
+            if item is not None:
+                yield peer, item[0], item[1]
 
 
 def _present(messages: Iterable) -> list:

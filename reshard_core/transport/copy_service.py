@@ -22,6 +22,11 @@ class CopyService(ABC):
     device: ClassVar[str] = "cpu"
     """Where submitted tensors may live: ``"cpu"``, ``"cuda"`` or ``"any"``."""
     one_sided: ClassVar[bool] = False
+    independent_rounds: ClassVar[bool] = False
+    """True when a send and its matching receive may sit in different rounds on the two ranks (Gloo's
+    background thread moves each op on its own). Then the executor starts every message as soon as
+    it is ready. False (NCCL: stream-ordered kernels would deadlock; NVSHMEM: agrees per round with
+    each peer): each batch is one round holding all of the rank's sends and receives of that batch."""
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

@@ -78,10 +78,11 @@ def test_batches_group_ops_by_peer_in_plan_order():
     assert batches[1].sends == {3: [ops[4]]}
 
 
-def test_task_ids_name_batch_sender_and_receiver():
-    ids = {message_task_id(b, s, d) for b in range(3) for s in range(5) for d in range(5)}
-    assert len(ids) == 75
-    assert message_task_id(2, 3, 4) == (2 << 40) | (3 << 20) | 4
+def test_task_ids_name_batch_message_sender_and_receiver():
+    ids = {message_task_id(b, s, d, q) for b in range(3) for s in range(5) for d in range(5) for q in range(4)}
+    assert len(ids) == 300
+    assert message_task_id(2, 3, 4) == (2 << 60) | (3 << 20) | 4
+    assert message_task_id(2, 3, 4, 5) == (2 << 60) | (5 << 40) | (3 << 20) | 4
 
 
 def test_finalize_and_first_points_follow_receiving_ops_only():

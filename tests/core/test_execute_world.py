@@ -57,6 +57,12 @@ TRANSFORMED = [
     ("plain", (16, 8), BF16, [lay(TP2, Shard(0))], [lay(TP4, Shard(0))]),
 ]
 CAST = [("w", (8, 4), F32, [lay(TP2, Shard(0))], [lay(TP4, Shard(1))])]
+LARGE = [  # every TP4 slice of the first two is 256 KiB (DIRECT_MIN_BYTES): a message of its own
+    ("big_col", (2048, 256), BF16, [lay(TP2, Shard(0))], [lay(TP4, Shard(0))]),
+    ("big_row", (256, 2048), BF16, [lay(TP2, Shard(1))], [lay(TP4, Shard(1))]),
+    ("ln", (7,), F32, [lay(TP2)], [lay(TP4)]),
+    ("qkv", (16, 6), BF16, [lay(TP2, Shard(0))], [lay(TP4, Shard(0))]),
+]
 
 
 def global_tensor(name: str, shape, dtype: torch.dtype, version: int) -> torch.Tensor:
@@ -99,7 +105,7 @@ class CountingGloo(GlooCopyService):
         self.sent: list[tuple[int, int, int]] = []
 
     def submit_send(self, tensor, dest_rank, task_id):
-        self.sent.append((task_id >> 40, dest_rank, tensor.nbytes))
+        self.sent.append((task_id >> 60, dest_rank, tensor.nbytes))
         super().submit_send(tensor, dest_rank, task_id)
 
 
@@ -190,6 +196,10 @@ def _refit_twice(rank, tensors, *, budget=None, cast_to=None, transform=None):
         sent=sorted((b, p) for b, p, _ in transport.sent[: len(transport.sent) // 2]),
         expected_sent=sorted(sends),
         local_ops=sum(op.kind is OpKind.LOCAL for op in plan.ops),
+        large_sends=sum(op.kind is OpKind.SEND and op.name.startswith("big") for op in plan.ops),
+        small_peers=len({op.peer for op in plan.ops if op.kind is OpKind.SEND and not op.name.startswith("big")}),
+        small_bytes=sum(plan.bytes_of(op) for op in plan.ops if op.peer != rank and not op.name.startswith("big")),
+        strided_send_bytes=sum(plan.bytes_of(op) for op in plan.ops if op.kind is OpKind.SEND and op.name == "big_row"),
         pooled_bytes=pool.held_bytes,
     )
     return out
@@ -221,6 +231,7 @@ def _colocated_world(rank, world):
         "row": _refit_twice(rank, ROW),
         "transform": _transform_scenario(rank),
         "cast": _refit_twice(rank, CAST, cast_to=BF16),
+        "large": _refit_twice(rank, LARGE),
     }
 
 
@@ -229,7 +240,7 @@ def colocated():
     return run_world(_colocated_world, 4, timeout=240)
 
 
-@pytest.mark.parametrize("scenario", ["mixed", "budget", "column", "row", "transform", "cast"])
+@pytest.mark.parametrize("scenario", ["mixed", "budget", "column", "row", "transform", "cast", "large"])
 def test_every_destination_byte_equals_the_source_in_place(colocated, scenario):
     for rank, results in enumerate(colocated):
         out = results[scenario]
@@ -244,6 +255,19 @@ def test_one_message_per_peer_per_batch(colocated, scenario):
         assert out["sent"] == out["expected_sent"]  # each (batch, peer) exactly once
         assert out["stats"].messages_sent == len(out["expected_sent"])
         assert out["stats"].messages == out["stats"].messages_sent
+
+
+def test_large_slices_travel_alone_and_unstaged_where_contiguous(colocated):
+    """A 256 KiB slice is a message of its own; column slices go from the source and into the
+    destination as they are, row slices are packed by the sender only (their source is strided)."""
+    sent = 0
+    for rank, results in enumerate(colocated):
+        out = results["large"]
+        assert out["stats"].messages_sent == out["large_sends"] + out["small_peers"], f"rank {rank}"
+        staged = out["stats"].peak_staging_bytes - out["strided_send_bytes"]  # + small packed messages
+        assert 0 <= staged <= out["small_bytes"], f"rank {rank}"
+        sent += out["large_sends"]
+    assert sent == 6  # big_col and big_row: ranks 1, 2 and 3 each receive a quarter of both
 
 
 def test_mixed_plan_moves_remote_and_local_bytes(colocated):

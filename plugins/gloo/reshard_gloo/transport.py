@@ -30,6 +30,7 @@ class GlooCopyService(P2PCopyService):
     name = "gloo"
     device = "any"
     one_sided = False
+    independent_rounds = True
     backend = "gloo"
 
     @classmethod
