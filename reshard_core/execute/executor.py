@@ -160,13 +160,14 @@ def _launch(
     with ctx.stats.timed("pack"):
         for name in firsts.get(batch.index, ()):
             ctx.meter.hold(ctx.transforms[name].transient_bytes(name))
+    rank, index = ctx.plan.rank, batch.index
     for peer, seq, ops in _messages(ctx, batch.recvs):
         with ctx.stats.timed("pack"):
             incoming = build_incoming(ctx, peer, ops)
         if incoming is None:
             continue
         with ctx.stats.timed("transfer"):
-            transport.submit_recv(incoming.message, peer, message_task_id(batch.index, peer, ctx.plan.rank, seq))
+            transport.submit_recv(incoming.message, peer, message_task_id(index, peer, rank, seq))
             ctx.stats.bytes_received += incoming.message.nbytes
             ctx.stats.messages_received += 1
             flight.prepared.incoming.append(incoming)
@@ -178,7 +179,7 @@ def _launch(
         if outgoing is None:
             continue
         with ctx.stats.timed("transfer"):
-            transport.submit_send(outgoing.message, peer, message_task_id(batch.index, ctx.plan.rank, peer, seq))
+            transport.submit_send(outgoing.message, peer, message_task_id(index, rank, peer, seq))
             ctx.stats.bytes_sent += outgoing.message.nbytes
             ctx.stats.messages_sent += 1
             flight.prepared.outgoing.append(outgoing)

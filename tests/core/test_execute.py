@@ -3,6 +3,8 @@ LOCAL ops (plain, cast, transformed) with a recording transport."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -79,7 +81,7 @@ def test_batches_group_ops_by_peer_in_plan_order():
 
 
 def test_task_ids_name_batch_message_sender_and_receiver():
-    ids = {message_task_id(b, s, d, q) for b in range(3) for s in range(5) for d in range(5) for q in range(4)}
+    ids = {message_task_id(*key) for key in itertools.product(range(3), range(5), range(5), range(4))}
     assert len(ids) == 300
     assert message_task_id(2, 3, 4) == (2 << 60) | (3 << 20) | 4
     assert message_task_id(2, 3, 4, 5) == (2 << 60) | (5 << 40) | (3 << 20) | 4

@@ -170,6 +170,10 @@ def _mismatches(rank, tensors, dst, version, dtype_of=None) -> list[str]:
     return bad
 
 
+def sends_of(plan) -> list:
+    return [op for op in plan.ops if op.kind is OpKind.SEND]
+
+
 def _refit_twice(rank, tensors, *, budget=None, cast_to=None, transform=None):
     """Plan, then execute twice (new source values the second time); report what the test checks."""
     plan = plan_rank(table_of(tensors), rank, max_batch_bytes=budget)
@@ -197,9 +201,9 @@ def _refit_twice(rank, tensors, *, budget=None, cast_to=None, transform=None):
         expected_sent=sorted(sends),
         local_ops=sum(op.kind is OpKind.LOCAL for op in plan.ops),
         large_sends=sum(op.kind is OpKind.SEND and op.name.startswith("big") for op in plan.ops),
-        small_peers=len({op.peer for op in plan.ops if op.kind is OpKind.SEND and not op.name.startswith("big")}),
-        small_bytes=sum(plan.bytes_of(op) for op in plan.ops if op.peer != rank and not op.name.startswith("big")),
-        strided_send_bytes=sum(plan.bytes_of(op) for op in plan.ops if op.kind is OpKind.SEND and op.name == "big_row"),
+        small_peers=len({op.peer for op in sends_of(plan) if not op.name.startswith("big")}),
+        small_bytes=sum(plan.bytes_of(op) for op in plan.ops if op.peer != rank and "big" not in op.name),
+        strided_send_bytes=sum(plan.bytes_of(op) for op in sends_of(plan) if op.name == "big_row"),
         pooled_bytes=pool.held_bytes,
     )
     return out
