@@ -108,6 +108,7 @@ def _print(report: dict[str, Any]) -> None:
     if report["megatron_core"]:
         table.add_column("Megatron-Core s", justify="right", no_wrap=True)
         table.add_column("speed-up", justify="right", no_wrap=True)
+        table.add_column("bound", justify="right", no_wrap=True)
     for row in report["rows"]:
         ours = row["ours"] or {}
         cells = [
@@ -133,11 +134,15 @@ def _print(report: dict[str, Any]) -> None:
 def _megatron_cells(row: dict[str, Any]) -> list[str]:
     megatron = row["megatron"]
     if megatron is None:
-        return ["-", "-"]
+        return ["-", "-", "-"]
     if not megatron["finished"]:
-        return [f"did not finish in {megatron['deadline']:g} s", "-"]
+        return [f"did not finish in {megatron['deadline']:g} s", "-", "-"]
     exact = "" if megatron["verified"] else " (NOT exact)"
-    return [f"{megatron['seconds']:.3f}{exact}", f"{row['speedup']:.1f}×" if "speedup" in row else "-"]
+    return [
+        f"{megatron['seconds']:.3f}{exact}",
+        f"{row['speedup']:.1f}×" if "speedup" in row else "-",
+        f"{row['speedup_bound']:.1f}×" if "speedup_bound" in row else "-",
+    ]
 
 
 def register(app: typer.Typer) -> None:

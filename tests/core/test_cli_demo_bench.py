@@ -50,6 +50,7 @@ def test_bench_compares_with_the_wire_floor_and_megatron_core(capsys):
     assert megatron["finished"] and megatron["verified"] and len(megatron["runs"]) == 2
     assert row["floor_ratio"] == ours["refit_seconds"] / ours["floor_seconds"]
     assert row["speedup"] == megatron["seconds"] / ours["refit_seconds"]
+    assert row["speedup_bound"] == megatron["seconds"] / ours["floor_with_local_seconds"]
 
 
 USAGE_ERRORS = [

@@ -83,7 +83,8 @@ def test_floor_volumes_are_the_plan_s_remote_bytes_per_peer():
 
 
 def _row(seconds: float) -> dict:
-    return {"refit_seconds": seconds, "floor_seconds": seconds / 2, "floor_bytes": 1, "verified": True}
+    return {"refit_seconds": seconds, "floor_seconds": seconds / 2, "floor_with_local_seconds": seconds * 0.8,
+            "floor_bytes": 1, "verified": True}  # fmt: skip
 
 
 def test_a_megatron_case_past_its_deadline_is_reported_and_the_rest_run_in_a_fresh_world():
@@ -105,6 +106,7 @@ def test_a_megatron_case_past_its_deadline_is_reported_and_the_rest_run_in_a_fre
     assert rows["B"]["megatron"] == {"finished": False, "deadline": 7.0} and "speedup" not in rows["B"]
     assert rows["A"]["speedup"] == pytest.approx(4.0) and rows["C"]["speedup"] == pytest.approx(4.0)
     assert rows["A"]["floor_ratio"] == pytest.approx(2.0)
+    assert rows["A"]["speedup_bound"] == pytest.approx(5.0) and "speedup_bound" not in rows["B"]
 
 
 def test_the_watchdog_names_the_pair_only_once_its_deadline_passed():
