@@ -25,6 +25,7 @@ import torch.distributed as dist
 from .errors import ReshardError, TransportError
 from .exchange import exchange_layouts
 from .execute.executor import execute_plan
+from .execute.memo import ExecMemo
 from .execute.pool import StagingPool
 from .execute.stats import ExecStats
 from .extract import ExtractContext, extract_specs, iter_tensors
@@ -88,6 +89,8 @@ class Session:
     metadata_bytes: int
     seconds: dict[str, float]
     pool: StagingPool = field(default_factory=StagingPool)
+    memo: ExecMemo = field(default_factory=ExecMemo)
+    """Reused by every execution of this session (its tensors are fixed; a change rebuilds it)."""
     refreshers: list[Any] = field(default_factory=list)
     """Source ``spec.source`` objects with a ``refresh_source()`` method: called before every execution so
     a source tensor derived from live data (e.g. a dequantized copy of a quantized param) is never stale."""
@@ -203,7 +206,7 @@ def refit(
             source.refresh_source()
         stats = execute_plan(
             session.plan, session.src_tensors, session.dst_tensors, session.transport,
-            transform=session.transforms or None, cast=cast, pool=session.pool,
+            transform=session.transforms or None, cast=cast, pool=session.pool, memo=session.memo,
         )
     return _report(session, stats, reused, time.perf_counter() - start)
 

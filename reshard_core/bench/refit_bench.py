@@ -3,7 +3,8 @@
 For every layout pair, in one local Gloo world: build the model pair; time ``warmup + reps`` refits
 (median of the warm ones; each is the slowest rank's time, ranks starting together); check every
 destination element; time the wire floor (``floor.py``) for the plan's per-pair volumes the same
-way (and once more with the plan's local-copy volume copied while it is on the wire); then, for
+way (and once more with the plan's local-copy volume copied while it is on the wire), one of each
+after every refit so the three share the machine's drift; then, for
 Megatron GPTModels with megatron-core installed, zero the destination and time
 ``swap_model_weights(..., "gloo")`` the same way and check its result too. Ranks report through
 events as they go, so a Megatron case that outlives ``megatron_deadline`` seconds ends the world
@@ -104,10 +105,8 @@ def bench_rank(rank: int, world: int, events: Events, opts: BenchOptions, pairs:
         events.emit("phase", (pair, "building"))
         models = build_pair(opts.resolved_model, PRESETS[opts.size], resolve_layout(src_text, world),
                             resolve_layout(dst_text, world), DTYPES[opts.dtype], seed=SEED)  # fmt: skip
-        events.emit("phase", (pair, "refitting"))
+        events.emit("phase", (pair, "refits and wire floor"))
         result = _ours(models, opts)
-        events.emit("phase", (pair, "wire floor"))
-        result.update(_floor(models, opts))
         if rank == 0:
             events.emit("ours", (pair, result))
         if opts.compare_megatron:
@@ -120,15 +119,26 @@ def bench_rank(rank: int, world: int, events: Events, opts: BenchOptions, pairs:
 
 
 def _ours(models, opts: BenchOptions) -> dict[str, Any]:
+    """Warm refits interleaved with the wire floor and the floor with local copies (one of each per
+    repetition), so that a machine whose speed drifts during the run skews all three alike."""
     import reshard_core
 
     kwargs = dict(transport=opts.transport, max_batch_bytes=opts.max_batch_bytes, timeout=opts.timeout)
     first, first_s = timed(lambda: reshard_core.refit(models.src, models.dst, **kwargs))
+    session = reshard_core.prepare(models.src, models.dst, **kwargs)
+    plan = session.plan
+    floor = WireFloor(session.transport, dist.get_rank(), *pair_volumes(plan), local=local_volume(plan))
     for _ in range(opts.warmup):
         reshard_core.refit(models.src, models.dst, **kwargs)
-    runs = [timed(lambda: reshard_core.refit(models.src, models.dst, **kwargs)) for _ in range(opts.reps)]
+        floor.run()
+        floor.run(True)
+    runs, floor_runs, with_local = [], [], []
+    for _ in range(opts.reps):
+        runs.append(timed(lambda: reshard_core.refit(models.src, models.dst, **kwargs)))
+        floor_runs.append(timed(floor.run)[1])
+        with_local.append(timed(lambda: floor.run(True))[1])
     last = runs[-1][0]
-    totals = torch.tensor([last.bytes_sent, last.bytes_local, last.messages], dtype=torch.int64)
+    totals = torch.tensor([last.bytes_sent, last.bytes_local, last.messages, floor.nbytes], dtype=torch.int64)
     dist.all_reduce(totals)
     batches = torch.tensor([last.batches], dtype=torch.int64)
     dist.all_reduce(batches, op=dist.ReduceOp.MAX)
@@ -143,6 +153,10 @@ def _ours(models, opts: BenchOptions) -> dict[str, Any]:
         "messages": int(totals[2]),
         "batches": int(batches[0]),
         "phases": phases,
+        "floor_seconds": median(floor_runs),
+        "floor_runs": floor_runs,
+        "floor_bytes": int(totals[3]),
+        "floor_with_local_seconds": median(with_local),
         **_checked(models),
     }
 
@@ -163,21 +177,6 @@ def _checked(models) -> dict[str, Any]:
     dist.all_reduce(counts)
     first = problems[0] if problems else None
     return {"verified": int(counts.sum()) == 0, "problems": int(counts.sum()), "first_problem": first}
-
-
-def _floor(models, opts: BenchOptions) -> dict[str, Any]:
-    import reshard_core
-
-    session = reshard_core.prepare(models.src, models.dst, transport=opts.transport,
-                                   max_batch_bytes=opts.max_batch_bytes, timeout=opts.timeout)  # fmt: skip
-    plan = session.plan
-    floor = WireFloor(session.transport, dist.get_rank(), *pair_volumes(plan), local=local_volume(plan))
-    runs = [timed(floor.run)[1] for _ in range(opts.warmup + opts.reps)][opts.warmup :]
-    with_local = [timed(lambda: floor.run(True))[1] for _ in range(opts.warmup + opts.reps)][opts.warmup :]
-    volume = torch.tensor([floor.nbytes], dtype=torch.int64)
-    dist.all_reduce(volume)
-    return {"floor_seconds": median(runs), "floor_runs": runs, "floor_bytes": int(volume[0]),
-            "floor_with_local_seconds": median(with_local)}  # fmt: skip
 
 
 def _megatron(models, opts: BenchOptions) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from ..plan.ops import RankPlan, TransferOp
 from ..transform import ReshardTransform, assign_transforms
 from ..transport.copy_service import CopyService
 from .check import check_inputs
+from .memo import ExecMemo
 from .messages import ExecContext, Incoming, Outgoing, build_incoming, build_outgoing, land, run_local
 from .pool import StagingPool, pool_for
 from .schedule import Batch, finalize_points, first_points, message_groups, message_task_id, split_batches
@@ -79,6 +80,7 @@ def execute_plan(
     cast: bool = False,
     pool: StagingPool | None = None,
     window: int = 0,
+    memo: ExecMemo | None = None,
 ) -> ExecStats:
     """Execute ``plan`` on this rank; collective with every peer the plan names.
 
@@ -91,14 +93,20 @@ def execute_plan(
     (default: a pool kept with ``plan`` while it lives, see ``pool_for``; pass ``StagingPool()`` for
     fresh buffers). ``window``: staging bytes that earlier batches may keep on the wire while later
     ones are packed and launched (0: staged batches are double-buffered; batches moved in place
-    never count). Inputs are checked before any data moves (``PlanError``); transport failures
-    raise ``TransportError`` naming the rank, batch and peer.
+    never count). ``memo``: what executions of this plan on these same tensors may reuse (the
+    input check's verdict, region views; see ``ExecMemo`` for the promise it takes). Inputs are
+    checked before any data moves (``PlanError``); transport failures raise ``TransportError``
+    naming the rank, batch and peer.
     """
     started = time.perf_counter()
     owners = assign_transforms(transform, plan.tensors)
-    check_inputs(plan, src_tensors, dst_tensors, owners, cast=cast, device=transport.device)
+    memo = memo if memo is not None else ExecMemo()
+    memo.bind(plan)
+    if (cast, transport.device) not in memo.checked:
+        check_inputs(plan, src_tensors, dst_tensors, owners, cast=cast, device=transport.device)
+        memo.checked.add((cast, transport.device))
     pool = pool if pool is not None else pool_for(plan)
-    ctx = ExecContext(plan, src_tensors, dst_tensors, owners, pool=pool)
+    ctx = ExecContext(plan, src_tensors, dst_tensors, owners, pool=pool, views=memo.views)
     batches = split_batches(plan)
     ctx.stats.batches = len(batches)
     _pipeline(ctx, batches, transport, window)

@@ -36,6 +36,8 @@ class ExecContext:
     stats: ExecStats = field(default_factory=ExecStats)
     meter: StagingMeter = field(default_factory=StagingMeter)
     pool: StagingPool = field(default_factory=StagingPool)
+    views: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
+    """Region views by ``(id(op), side)``, kept across executions by an ``ExecMemo``."""
 
     def wire_dtype(self, name: str) -> torch.dtype:
         return self.plan.tensors[name].dtype
@@ -43,6 +45,20 @@ class ExecContext:
     def source(self, name: str) -> torch.Tensor:
         """The local source tensor feeding ``name`` (a tied destination reads another name)."""
         return self.src[source_name(self.plan, name)]
+
+    def src_view(self, op: TransferOp) -> torch.Tensor:
+        """The view of ``op``'s region in its local source tensor."""
+        view = self.views.get((id(op), "src"))
+        if view is None:
+            view = self.views[(id(op), "src")] = region(self.source(op.name), op.src_local, op.sizes)
+        return view
+
+    def dst_view(self, op: TransferOp) -> torch.Tensor:
+        """The view of ``op``'s region in its local destination tensor."""
+        view = self.views.get((id(op), "dst"))
+        if view is None:
+            view = self.views[(id(op), "dst")] = region(self.dst[op.name], op.dst_local, op.sizes)
+        return view
 
 
 @dataclass
@@ -84,7 +100,7 @@ class Incoming:
 
 def _send_pieces(ctx: ExecContext, op: TransferOp) -> tuple[list[tuple[torch.Tensor, torch.dtype]], int]:
     """The wire tensors of one SEND op with the dtype each travels in, and the bytes freshly produced."""
-    view = region(ctx.source(op.name), op.src_local, op.sizes)
+    view = ctx.src_view(op)
     transform = ctx.transforms.get(op.name)
     if transform is None:
         return [(view, ctx.wire_dtype(op.name))], 0
@@ -119,7 +135,7 @@ def build_outgoing(ctx: ExecContext, peer: int, ops: list[TransferOp]) -> Outgoi
 def _landing(ctx: ExecContext, op: TransferOp) -> tuple[Landing, list[tuple[tuple[int, ...], torch.dtype]]]:
     transform = ctx.transforms.get(op.name)
     if transform is None:
-        target = region(ctx.dst[op.name], op.dst_local, op.sizes)
+        target = ctx.dst_view(op)
         landing = Landing(op, [], target, None, target.device)
         return landing, [(tuple(op.sizes), ctx.wire_dtype(op.name))]
     buffers = list(transform.prepare_recv(op.name, op))
@@ -203,10 +219,10 @@ def land(ctx: ExecContext, incoming: Incoming) -> None:
 
 def run_local(ctx: ExecContext, op: TransferOp) -> int:
     """Copy one LOCAL op view to view (or through its transform); return the logical bytes."""
-    view = region(ctx.source(op.name), op.src_local, op.sizes)
+    view = ctx.src_view(op)
     transform = ctx.transforms.get(op.name)
     if transform is None:
-        region(ctx.dst[op.name], op.dst_local, op.sizes).copy_(view)
+        ctx.dst_view(op).copy_(view)
     else:
         wire = transform.prepare_send(op.name, op, view)
         held = ctx.meter.hold(sum(t.nbytes for t in wire))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from reshard_core.errors import PlanError
-from reshard_core.execute import ExecStats, StagingPool, execute_plan
+from reshard_core.execute import ExecMemo, ExecStats, StagingPool, execute_plan
 from reshard_core.execute.schedule import finalize_points, first_points, message_task_id, split_batches
 from reshard_core.execute.slots import Slot, layout_slots, slot_view
 from reshard_core.plan.ops import OpKind, RankPlan, TransferOp
@@ -218,6 +218,25 @@ def test_local_ops_copy_view_to_view_in_place_without_staging():
     assert (stats.bytes_local, stats.bytes_sent, stats.messages, stats.batches) == (32, 0, 0, 1)
     assert stats.peak_staging_bytes == 0
     assert isinstance(stats, ExecStats)
+
+
+def test_a_memo_keeps_the_check_verdict_and_region_views_for_its_plan_only():
+    src = {"w": torch.arange(24, dtype=F32).reshape(4, 6)}
+    dst = {"w": torch.zeros(4, 6)}
+    plan = plan_of(0, [op("local", "w", 0, (0, 0), (2, 6), (0, 0), (2, 0))])
+    memo = ExecMemo()
+    execute_plan(plan, src, dst, Recorder(), memo=memo)
+    assert memo.checked == {(False, "any")}
+    views = dict(memo.views)
+    assert sorted(side for _, side in views) == ["dst", "src"]
+    src["w"] += 100  # new values, same tensors: the kept views see them
+    execute_plan(plan, src, dst, Recorder(), memo=memo)
+    assert torch.equal(dst["w"][2:], src["w"][:2])
+    assert all(memo.views[key] is view for key, view in views.items())
+    other = plan_of(0, [op("local", "w", 0, (2, 0), (2, 6), (2, 0), (0, 0))])
+    with pytest.raises(PlanError):  # another plan: the verdict is forgotten and the check runs again
+        execute_plan(other, src, {}, Recorder(), memo=memo)
+    assert memo.checked == set() and memo.views == {}
 
 
 def test_cast_converts_on_local_copies():

@@ -1,0 +1,36 @@
+"""``ExecMemo``: what repeated executions of one plan on the same tensors may reuse.
+
+A refit repeats: the same plan, the same source and destination tensors (written in place). The
+input check then needs to pass once, and the view of every op's region can be kept instead of
+sliced again. A prepared session keeps one memo and is rebuilt, with a fresh memo, when its models'
+tensors change (``api._model_signature``); a caller of ``execute_plan`` who passes a memo makes the
+same promise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class ExecMemo:
+    """Valid for one plan and one set of tensors: the same tensor objects, with the same shapes,
+    strides, dtypes and storage, and the same transforms, in every call it is passed to.
+
+    ``checked``: the ``(cast, transport device)`` combinations the input check passed for.
+    ``views``: each op's region views, by ``(id(op), side)``.
+    """
+
+    plan: object | None = None
+    checked: set[tuple[bool, str]] = field(default_factory=set)
+    views: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
+
+    def bind(self, plan: object) -> None:
+        """Forget everything when called with another plan than before. The plan is held, not its
+        ``id``: ops are keyed by identity, and a collected plan's address may be reused."""
+        if self.plan is not plan:
+            self.plan = plan
+            self.checked.clear()
+            self.views.clear()
