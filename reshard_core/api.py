@@ -7,7 +7,9 @@ skip extraction, exchange and planning. "Look the same" is checked locally — t
 objects (held by weak reference, so a new model that reuses a dead one's ``id`` never matches),
 and each tensor's name, shape, dtype, stride, storage pointer and declared layout — and agreed on
 by one tiny all-gather, so a change on any rank makes every rank rebuild (never a stale plan). A
-session is dropped when one of its models is garbage collected.
+session is dropped when one of its models is garbage collected. ``Session.refit()`` runs a prepared
+session without that all-gather (each rank checks only its own models and raises on a change): the
+fast path for a training loop that prepares once and refits after every step.
 """
 
 from __future__ import annotations
@@ -94,16 +96,30 @@ class Session:
     refreshers: list[Any] = field(default_factory=list)
     """Source ``spec.source`` objects with a ``refresh_source()`` method: called before every execution so
     a source tensor derived from live data (e.g. a dequantized copy of a quantized param) is never stale."""
+    models: tuple[weakref.ref, ...] = ()
+    """The source modules, then the destination modules, it was built for (weakly held)."""
+    num_src_models: int = 0
+    signature: tuple = ()
+    """``(_model_signature(src), _model_signature(dst))`` when it was built."""
 
+    def refit(self, *, cast: bool = False) -> RefitReport:
+        """Run this prepared refit again: the fast path for a loop that calls ``prepare`` once.
 
-@dataclass
-class _Cached:
-    """A prepared session and what it was built for: the models themselves (weakly) and their signature."""
-
-    models: tuple[weakref.ref, ...]
-    signature: tuple
-    session: Session
-    finalizers: list[weakref.finalize]
+        ``reshard_core.refit`` first agrees with every rank (one small all-gather) that the cached
+        session still fits, and rebuilds it everywhere if not. This method skips that round: each rank
+        checks only its own models (the same objects; every tensor's name, shape, dtype, stride,
+        storage and layout) and raises ``ReshardError`` before any data moves if they changed or were
+        collected. Its peers then fail with ``TransportError`` within ``timeout``; after a change call
+        ``prepare`` again on every rank. Collective with every peer of the plan.
+        """
+        start = time.perf_counter()
+        problem = self._changed()
+        if problem is not None:
+            raise ReshardError(
+                f"rank {self.plan.rank}: the prepared session no longer fits its models ({problem}); "
+                "call reshard_core.prepare() again on every rank"
+            )
+        return _report(self, self._execute(cast), True, time.perf_counter() - start)
 
     def built_for(self, src: Model, dst: Model, signature: tuple) -> bool:
         """True when ``src``/``dst`` are the very objects this session was built for, unchanged."""
@@ -111,6 +127,33 @@ class _Cached:
         if len(models) != len(self.models):
             return False
         return all(r() is m for r, m in zip(self.models, models, strict=True)) and self.signature == signature
+
+    def _changed(self) -> str | None:
+        """Why this rank's models no longer match the session, or None when they do."""
+        models = [ref() for ref in self.models]
+        if any(m is None for m in models):
+            return "a model it was prepared for was garbage collected"
+        n = self.num_src_models
+        if (_model_signature(models[:n]), _model_signature(models[n:])) != self.signature:
+            return "a tensor was replaced, reshaped, moved or re-laid out"
+        return None
+
+    def _execute(self, cast: bool) -> ExecStats:
+        with torch.no_grad():  # destinations are usually leaf Parameters that require grad
+            for source in self.refreshers:
+                source.refresh_source()
+            return execute_plan(
+                self.plan, self.src_tensors, self.dst_tensors, self.transport,
+                transform=self.transforms or None, cast=cast, pool=self.pool, memo=self.memo,
+            )  # fmt: skip
+
+
+@dataclass
+class _Cached:
+    """A prepared session and the finalizers that drop it when one of its models is collected."""
+
+    session: Session
+    finalizers: list[weakref.finalize]
 
 
 @dataclass(frozen=True)
@@ -169,7 +212,7 @@ def _session(src: Model, dst: Model, options: _Options) -> tuple[Session, bool]:
     key = options.key(src, dst)
     signature = (_model_signature(src), _model_signature(dst))
     cached = _sessions.get(key)
-    valid = cached is not None and cached.built_for(src, dst, signature)
+    valid = cached is not None and cached.session.built_for(src, dst, signature)
     everyone_valid, sides = _agree(valid, src is not None, dst is not None, options.group, options.timeout)
     if everyone_valid:
         return cached.session, True
@@ -201,14 +244,7 @@ def refit(
     start = time.perf_counter()
     options = _Options(transport, group, transform, max_batch_bytes, ignore, tied, timeout)
     session, reused = _session(src, dst, options)
-    with torch.no_grad():  # destinations are usually leaf Parameters that require grad
-        for source in session.refreshers:
-            source.refresh_source()
-        stats = execute_plan(
-            session.plan, session.src_tensors, session.dst_tensors, session.transport,
-            transform=session.transforms or None, cast=cast, pool=session.pool, memo=session.memo,
-        )
-    return _report(session, stats, reused, time.perf_counter() - start)
+    return _report(session, session._execute(cast), reused, time.perf_counter() - start)
 
 
 def clear_caches() -> None:
@@ -331,8 +367,11 @@ def _remember(key: tuple, src: Model, dst: Model, signature: tuple, session: Ses
     for finalizer in old.finalizers if old is not None else ():
         finalizer.detach()
     modules = _modules(src) + _modules(dst)
+    session.models = tuple(weakref.ref(m) for m in modules)
+    session.num_src_models = len(_modules(src))
+    session.signature = signature
     finalizers = [weakref.finalize(m, _sessions.pop, key, None) for m in modules]
-    _sessions[key] = _Cached(tuple(weakref.ref(m) for m in modules), signature, session, finalizers)
+    _sessions[key] = _Cached(session, finalizers)
 
 
 def _model_signature(model: Model) -> tuple:

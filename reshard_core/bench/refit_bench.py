@@ -1,7 +1,9 @@
 """``reshard bench``: warm refit time against the wire floor and against Megatron-Core, per layout pair.
 
-For every layout pair, in one local Gloo world: build the model pair; time ``warmup + reps`` refits
-(median of the warm ones; each is the slowest rank's time, ranks starting together); check every
+For every layout pair, in one local Gloo world: build the model pair; time ``warmup + reps`` warm
+refits of the prepared session (``Session.refit()``; the median; each is the slowest rank's time,
+ranks starting together; ``reshard_core.refit()``, which first agrees on the cached session with one
+small all-gather, is timed too, as ``api_refit_seconds`` in the JSON); check every
 destination element; time the wire floor (``floor.py``) for the plan's per-pair volumes the same
 way (and once more with the plan's local-copy volume copied while it is on the wire), one of each
 after every refit so the three share the machine's drift; then, for
@@ -129,14 +131,15 @@ def _ours(models, opts: BenchOptions) -> dict[str, Any]:
     plan = session.plan
     floor = WireFloor(session.transport, dist.get_rank(), *pair_volumes(plan), local=local_volume(plan))
     for _ in range(opts.warmup):
-        reshard_core.refit(models.src, models.dst, **kwargs)
+        session.refit()
         floor.run()
         floor.run(True)
-    runs, floor_runs, with_local = [], [], []
+    runs, floor_runs, with_local, api_runs = [], [], [], []
     for _ in range(opts.reps):
-        runs.append(timed(lambda: reshard_core.refit(models.src, models.dst, **kwargs)))
+        runs.append(timed(session.refit))
         floor_runs.append(timed(floor.run)[1])
         with_local.append(timed(lambda: floor.run(True))[1])
+        api_runs.append(timed(lambda: reshard_core.refit(models.src, models.dst, **kwargs))[1])
     last = runs[-1][0]
     totals = torch.tensor([last.bytes_sent, last.bytes_local, last.messages, floor.nbytes], dtype=torch.int64)
     dist.all_reduce(totals)
@@ -157,6 +160,7 @@ def _ours(models, opts: BenchOptions) -> dict[str, Any]:
         "floor_runs": floor_runs,
         "floor_bytes": int(totals[3]),
         "floor_with_local_seconds": median(with_local),
+        "api_refit_seconds": median(api_runs),
         **_checked(models),
     }
 

@@ -6,7 +6,8 @@
 - Non-colocated: the pure-torch GPT held Megatron-style (TP2) on ranks 0-1 → declared TP2 on ranks
   2-3, rank 4 idle; undeclared plain tensors on both sides; a byte budget below the model's size.
 - The session cache: a re-declared layout or a new shape on the same model object misses the cache
-  (a stale plan would write the wrong rows); storage is kept.
+  (a stale plan would write the wrong rows); storage is kept. ``Session.refit()`` (no agreement
+  round) lands the same values and refuses a changed or collected model before any data moves.
 - Bad input: a destination-only name is a ``PlanError`` naming it on every rank; ``ignore=`` opts out.
 """
 
@@ -17,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from reshard_core.errors import PlanError
+from reshard_core.errors import PlanError, ReshardError
 from reshard_core.testing.world import run_world
 
 pytestmark = pytest.mark.slow
@@ -128,10 +129,19 @@ def _cache_cases(rank: int) -> dict:
         reshard_core.declare_layout(dst.weight, dim=0, ranks=ranks)
     reports = [reshard_core.refit(src, dst) for _ in range(2)]
     rows = lambda order: full[3 * order.index(rank) : 3 * order.index(rank) + 3]  # noqa: E731
+    session = reshard_core.prepare(src, dst)  # the cached session; Session.refit() skips the agreement
     if dst is not None:
         out["first"] = torch.equal(dst.weight, rows(ranks))
+        dst.weight.data.zero_()
+    fast = session.refit()
+    if dst is not None:
+        out["fast"] = torch.equal(dst.weight, rows(ranks)) and fast.reused_plan
         ptr = dst.weight.data_ptr()
         reshard_core.declare_layout(dst.weight, dim=0, ranks=ranks[::-1])  # same shapes, other rows
+        dst.weight.data.zero_()
+    out["stale"] = _error_of(session.refit)  # every rank holding a model sees the change itself
+    if dst is not None:
+        out["stale_untouched"] = bool((dst.weight == 0).all())
     reports.append(reshard_core.refit(src, dst))
     if dst is not None:
         out["redeclared"] = torch.equal(dst.weight, rows(ranks[::-1]))
@@ -144,11 +154,20 @@ def _cache_cases(rank: int) -> dict:
     # a session holds its models weakly: once one is collected the session goes, so a new model
     # that happens to get the dead one's id can never pick up its plan
     if dst is not None:
-        keys = [k for k, cached in api._sessions.items() if any(ref() is dst for ref in cached.models)]
+        keys = [k for k, c in api._sessions.items() if any(ref() is dst for ref in c.session.models)]
         del src, dst
         gc.collect()
         out["dropped"] = len(keys) == 1 and keys[0] not in api._sessions
+        out["collected"] = _error_of(session.refit)
     return out
+
+
+def _error_of(call) -> str | None:
+    try:
+        call()
+    except ReshardError as exc:
+        return str(exc)
+    return None
 
 
 def _bad_input_cases(rank: int) -> dict:
@@ -244,6 +263,22 @@ def test_a_changed_layout_or_shape_misses_the_cache_and_lands_right(results):
         assert facts["dropped"]
     for rank in range(WORLD):
         assert results[rank]["cache"]["reused"] == [False, True, False, False]
+
+
+def test_a_prepared_session_refits_without_agreement_and_refuses_changed_models(results):
+    for rank in range(4):
+        facts = results[rank]["cache"]
+        assert facts["fast"]
+        assert facts["stale"] == (
+            f"rank {rank}: the prepared session no longer fits its models (a tensor was replaced, "
+            "reshaped, moved or re-laid out); call reshard_core.prepare() again on every rank"
+        )
+        assert facts["stale_untouched"]  # refused before any data moved
+        assert facts["collected"] == (
+            f"rank {rank}: the prepared session no longer fits its models (a model it was prepared "
+            "for was garbage collected); call reshard_core.prepare() again on every rank"
+        )
+    assert results[4]["cache"]["stale"] is None  # the idle rank holds no model: nothing to refuse
 
 
 def test_an_unmatched_name_is_a_plan_error_on_every_rank_and_ignore_opts_out(results):
