@@ -22,22 +22,21 @@ subclasses, NVSHMEM) get that overlap; others are driven through ``run()``, one 
 
 from __future__ import annotations
 
-import itertools
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
 
 from ..errors import TransportError
-from ..plan.ops import RankPlan, TransferOp
+from ..plan.ops import RankPlan
 from ..transform import ReshardTransform, assign_transforms
 from ..transport.copy_service import CopyService
 from .check import check_inputs
 from .memo import ExecMemo
 from .messages import ExecContext, Incoming, Outgoing, build_incoming, build_outgoing, land, run_local
 from .pool import StagingPool, pool_for
-from .schedule import Batch, finalize_points, first_points, message_groups, message_task_id, split_batches
+from .schedule import Batch, Schedule, build_schedule, message_task_id
 from .stats import ExecStats
 
 _MAX_LIGHT = 256
@@ -107,15 +106,18 @@ def execute_plan(
         memo.checked.add((cast, transport.device))
     pool = pool if pool is not None else pool_for(plan)
     ctx = ExecContext(plan, src_tensors, dst_tensors, owners, pool=pool, views=memo.views)
-    batches = split_batches(plan)
-    ctx.stats.batches = len(batches)
-    _pipeline(ctx, batches, transport, window)
+    names = frozenset(owners)
+    schedule = memo.schedules.get(names)
+    if schedule is None:
+        schedule = memo.schedules[names] = build_schedule(plan, names)
+    ctx.stats.batches = len(schedule.batches)
+    _pipeline(ctx, schedule, transport, window)
     ctx.stats.peak_staging_bytes = ctx.meter.peak
     ctx.stats.seconds_total = time.perf_counter() - started
     return ctx.stats
 
 
-def _pipeline(ctx: ExecContext, batches: list[Batch], transport: CopyService, window: int) -> None:
+def _pipeline(ctx: ExecContext, schedule: Schedule, transport: CopyService, window: int) -> None:
     """Launch batches in order; retire a batch early only when it holds staging or transform state.
 
     After batch i is launched its LOCAL ops run. Then, while the staging held by earlier batches
@@ -124,12 +126,11 @@ def _pipeline(ctx: ExecContext, batches: list[Batch], transport: CopyService, wi
     until the end, up to ``_MAX_LIGHT`` of them, so waiting for them never stalls packing, local
     copies or later launches. Batches that finish transformed tensors are retired in order.
     """
-    finals = finalize_points(ctx.plan, ctx.transforms)
-    firsts = first_points(ctx.plan, ctx.transforms)
+    finals = schedule.finals
     flying: list[Flight] = []  # launch order
     try:
-        for batch in batches:
-            flight = _launch(ctx, batch, firsts, transport)
+        for batch in schedule.batches:
+            flight = _launch(ctx, batch, schedule, transport)
             flight.heavy = flight.staged > 0 or batch.index in finals
             _run_locals(ctx, batch)
             while True:
@@ -155,9 +156,7 @@ def _finishes(flights: list[Flight], finals: Mapping[int, list[str]]) -> bool:
     return any(f.prepared.batch.index in finals for f in flights)
 
 
-def _launch(
-    ctx: ExecContext, batch: Batch, firsts: Mapping[int, list[str]], transport: CopyService
-) -> Flight:
+def _launch(ctx: ExecContext, batch: Batch, schedule: Schedule, transport: CopyService) -> Flight:
     """Post the batch's receives, then pack and post its sends (a Gloo send moves only once the
     peer posted the matching receive). On a transport with ``independent_rounds`` every message is
     its own round, started as soon as it is ready (receives land as they arrive, each send goes
@@ -166,10 +165,10 @@ def _launch(
     start = getattr(transport, "start", None)
     split = callable(start) and transport.independent_rounds
     with ctx.stats.timed("pack"):
-        for name in firsts.get(batch.index, ()):
+        for name in schedule.firsts.get(batch.index, ()):
             ctx.meter.hold(ctx.transforms[name].transient_bytes(name))
     rank, index = ctx.plan.rank, batch.index
-    for peer, seq, ops in _messages(ctx, batch.recvs):
+    for peer, seq, ops in schedule.receives[index]:
         with ctx.stats.timed("pack"):
             incoming = build_incoming(ctx, peer, ops)
         if incoming is None:
@@ -181,7 +180,7 @@ def _launch(
             flight.prepared.incoming.append(incoming)
             if split:
                 flight.waits.append(([incoming], start().wait))
-    for peer, seq, ops in _messages(ctx, batch.sends):
+    for peer, seq, ops in schedule.sends[index]:
         with ctx.stats.timed("pack"):
             outgoing = build_outgoing(ctx, peer, ops)
         if outgoing is None:
@@ -199,23 +198,6 @@ def _launch(
         elif not split and (flight.prepared.incoming or flight.prepared.outgoing):
             flight.waits.append(([*flight.prepared.incoming, *flight.prepared.outgoing], start().wait))
     return flight
-
-
-def _messages(
-    ctx: ExecContext, per_peer: Mapping[int, list[TransferOp]]
-) -> Iterator[tuple[int, int, list[TransferOp]]]:
-    """``(peer, seq, ops)`` of every message of one direction in a batch, taking the peers in turn
-    (so no peer waits for all of another's messages to be packed); pairs keep ``seq`` order."""
-    queues = [(peer, list(enumerate(message_groups(ctx.plan, ops)))) for peer, ops in per_peer.items()]
-    for turn in itertools.zip_longest(*(q for _, q in queues)):
-        for (peer, _), item in zip(queues, turn, strict=True):
-            if item is not None:
-                yield peer, item[0], item[1]
-
-
-def _present(messages: Iterable) -> list:
-    """The messages that exist (a peer's message with no bytes is None)."""
-    return [m for m in messages if m is not None]
 
 
 def _retire(ctx: ExecContext, flight: Flight, finals: Mapping[int, list[str]]) -> None:

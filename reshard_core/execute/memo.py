@@ -1,10 +1,10 @@
 """``ExecMemo``: what repeated executions of one plan on the same tensors may reuse.
 
 A refit repeats: the same plan, the same source and destination tensors (written in place). The
-input check then needs to pass once, and the view of every op's region can be kept instead of
-sliced again. A prepared session keeps one memo and is rebuilt, with a fresh memo, when its models'
-tensors change (``api._model_signature``); a caller of ``execute_plan`` who passes a memo makes the
-same promise.
+input check then needs to pass once, the plan's schedule (batches, messages) is derived once, and
+the view of every op's region can be kept instead of sliced again. A prepared session keeps one
+memo and is rebuilt, with a fresh memo, when its models' tensors change (``api._model_signature``);
+a caller of ``execute_plan`` who passes a memo makes the same promise.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
+from .schedule import Schedule
 
 
 @dataclass
@@ -21,11 +23,13 @@ class ExecMemo:
 
     ``checked``: the ``(cast, transport device)`` combinations the input check passed for.
     ``views``: each op's region views, by ``(id(op), side)``.
+    ``schedules``: the plan's ``Schedule`` by the set of transformed names.
     """
 
     plan: object | None = None
     checked: set[tuple[bool, str]] = field(default_factory=set)
     views: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
+    schedules: dict[frozenset[str], Schedule] = field(default_factory=dict)
 
     def bind(self, plan: object) -> None:
         """Forget everything when called with another plan than before. The plan is held, not its
@@ -34,3 +38,4 @@ class ExecMemo:
             self.plan = plan
             self.checked.clear()
             self.views.clear()
+            self.schedules.clear()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Container
 from dataclasses import dataclass, field
 
@@ -15,6 +16,10 @@ DIRECT_MIN_BYTES = 256 * 1024
 without staging when its region is contiguous there (smaller ops share one packed message)."""
 
 
+Message = tuple[int, int, list[TransferOp]]
+"""``(peer, seq, ops)``: one message of a batch (see ``message_groups``)."""
+
+
 @dataclass
 class Batch:
     """The ops of one batch on one rank: sends and receives grouped by peer (plan order kept)."""
@@ -23,6 +28,43 @@ class Batch:
     sends: dict[int, list[TransferOp]] = field(default_factory=dict)
     recvs: dict[int, list[TransferOp]] = field(default_factory=dict)
     local: list[TransferOp] = field(default_factory=list)
+
+
+@dataclass
+class Schedule:
+    """What the executor derives from a plan alone, computed once per plan (``build_schedule``):
+    the batches, each batch's messages in posting order, and where transformed tensors start and end."""
+
+    batches: list[Batch]
+    receives: dict[int, list[Message]]
+    """By batch index: the messages to receive, peers taken in turn (``interleaved``)."""
+    sends: dict[int, list[Message]]
+    finals: dict[int, list[str]]
+    firsts: dict[int, list[str]]
+
+
+def build_schedule(plan: RankPlan, transformed: Container[str]) -> Schedule:
+    """The ``Schedule`` of ``plan`` when the names in ``transformed`` go through a transform."""
+    batches = split_batches(plan)
+    return Schedule(
+        batches,
+        {b.index: interleaved(plan, b.recvs) for b in batches},
+        {b.index: interleaved(plan, b.sends) for b in batches},
+        finalize_points(plan, transformed),
+        first_points(plan, transformed),
+    )
+
+
+def interleaved(plan: RankPlan, per_peer: dict[int, list[TransferOp]]) -> list[Message]:
+    """Every message of one direction in a batch, taking the peers in turn (so no peer waits for all
+    of another's messages to be packed); each pair's messages keep ``seq`` order."""
+    queues = [(peer, list(enumerate(message_groups(plan, ops)))) for peer, ops in per_peer.items()]
+    out: list[Message] = []
+    for turn in itertools.zip_longest(*(q for _, q in queues)):
+        for (peer, _), item in zip(queues, turn, strict=True):
+            if item is not None:
+                out.append((peer, item[0], item[1]))
+    return out
 
 
 def split_batches(plan: RankPlan) -> list[Batch]:

@@ -10,7 +10,13 @@ import torch
 
 from reshard_core.errors import PlanError
 from reshard_core.execute import ExecMemo, ExecStats, StagingPool, execute_plan
-from reshard_core.execute.schedule import finalize_points, first_points, message_task_id, split_batches
+from reshard_core.execute.schedule import (
+    build_schedule,
+    finalize_points,
+    first_points,
+    message_task_id,
+    split_batches,
+)
 from reshard_core.execute.slots import Slot, layout_slots, slot_view
 from reshard_core.plan.ops import OpKind, RankPlan, TransferOp
 from reshard_core.specs import TensorMeta
@@ -78,6 +84,23 @@ def test_batches_group_ops_by_peer_in_plan_order():
     assert batches[0].recvs == {2: [ops[1]]}
     assert batches[0].local == [ops[3]]
     assert batches[1].sends == {3: [ops[4]]}
+
+
+def test_a_schedule_lists_each_batch_s_messages_peers_in_turn_small_ops_first():
+    big = TensorMeta("big", (256, 1024), F32)  # a 64-row slice is 256 KiB: a message of its own
+    ops = [
+        op("send", "big", 1, (0, 0), (64, 1024), (0, 0)),
+        op("send", "big", 1, (64, 0), (64, 1024), (64, 0)),
+        op("send", "w", 1, (0, 0), (1, 6), (0, 0)),
+        op("send", "big", 2, (128, 0), (64, 1024), (128, 0)),
+        op("recv", "w", 2, (1, 0), (1, 6), None, (0, 0)),
+    ]
+    plan = RankPlan(0, tuple(ops), {"big": big, "w": TensorMeta("w", (4, 6), F32)}, 1)
+    schedule = build_schedule(plan, {"w"})
+    assert [b.index for b in schedule.batches] == [0]
+    assert schedule.sends[0] == [(1, 0, [ops[2]]), (2, 0, [ops[3]]), (1, 1, [ops[0]]), (1, 2, [ops[1]])]
+    assert schedule.receives[0] == [(2, 0, [ops[4]])]
+    assert schedule.finals == {0: ["w"]} and schedule.firsts == {0: ["w"]}
 
 
 def test_task_ids_name_batch_message_sender_and_receiver():
@@ -220,23 +243,25 @@ def test_local_ops_copy_view_to_view_in_place_without_staging():
     assert isinstance(stats, ExecStats)
 
 
-def test_a_memo_keeps_the_check_verdict_and_region_views_for_its_plan_only():
+def test_a_memo_keeps_the_check_verdict_schedule_and_region_views_for_its_plan_only():
     src = {"w": torch.arange(24, dtype=F32).reshape(4, 6)}
     dst = {"w": torch.zeros(4, 6)}
     plan = plan_of(0, [op("local", "w", 0, (0, 0), (2, 6), (0, 0), (2, 0))])
     memo = ExecMemo()
     execute_plan(plan, src, dst, Recorder(), memo=memo)
     assert memo.checked == {(False, "any")}
+    schedule = memo.schedules[frozenset()]
     views = dict(memo.views)
     assert sorted(side for _, side in views) == ["dst", "src"]
     src["w"] += 100  # new values, same tensors: the kept views see them
     execute_plan(plan, src, dst, Recorder(), memo=memo)
     assert torch.equal(dst["w"][2:], src["w"][:2])
     assert all(memo.views[key] is view for key, view in views.items())
+    assert memo.schedules == {frozenset(): schedule}  # derived once, reused
     other = plan_of(0, [op("local", "w", 0, (2, 0), (2, 6), (2, 0), (0, 0))])
     with pytest.raises(PlanError):  # another plan: the verdict is forgotten and the check runs again
         execute_plan(other, src, {}, Recorder(), memo=memo)
-    assert memo.checked == set() and memo.views == {}
+    assert memo.checked == set() and memo.views == {} and memo.schedules == {}
 
 
 def test_cast_converts_on_local_copies():
