@@ -13,7 +13,7 @@ refit per variant, per iteration):
   preallocated contiguous bytes, receives posted first, over the same transport
   (``GlooCopyService``): no packing, no local copies, no landing;
 - **refit** per variant (batch budget × executor window): ``execute_plan`` on a warm plan with a
-  kept ``StagingPool`` (what a prepared session does).
+  kept ``StagingPool`` and ``ExecMemo`` (what a prepared session does).
 
 A time is the slowest rank's, from a common barrier. It prints medians over ``--iters``, the ratio
 of medians (target ≤ 1.25) and the median of per-iteration ratios, the CPU seconds all ranks spent
@@ -37,12 +37,12 @@ import statistics
 import sys
 import time
 import zlib
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 import torch.distributed as dist
 
-from reshard_core.execute import StagingPool, execute_plan
+from reshard_core.execute import ExecMemo, StagingPool, execute_plan
 from reshard_core.execute.check import region
 from reshard_core.layout import Layout, Mesh, Replicate, Shard
 from reshard_core.plan.ops import OpKind, RankPlan
@@ -239,7 +239,8 @@ def time_refit(variant: Variant, src, dst, transport, profiler) -> tuple[float, 
     if profiler is not None:
         profiler.enable()
     cpu, start = cpu_seconds(), time.perf_counter()
-    stats = execute_plan(variant.plan, src, dst, transport, pool=variant.pool, **variant.options)
+    options = dict(pool=variant.pool, memo=variant.memo, **variant.options)
+    stats = execute_plan(variant.plan, src, dst, transport, **options)
     elapsed, cpu = time.perf_counter() - start, cpu_seconds() - cpu
     if profiler is not None:
         profiler.disable()
@@ -257,6 +258,8 @@ class Variant:
     seconds: list[float]
     cpu: list[float]
     stats: list[dict]
+    memo: ExecMemo = field(default_factory=ExecMemo)
+    """Kept across its refits, as a prepared session keeps one."""
 
     @property
     def options(self) -> dict:
@@ -371,7 +374,7 @@ def verify_variant(table, rank, variant: Variant, src, dst, transport) -> int:
     """Wipe the destinations, refit once with ``variant`` and count wrong tensors."""
     for tensor in dst.values():
         tensor.view(torch.uint8).fill_(0xFF)
-    execute_plan(variant.plan, src, dst, transport, pool=variant.pool, **variant.options)
+    execute_plan(variant.plan, src, dst, transport, pool=variant.pool, memo=variant.memo, **variant.options)
     return verify(table, rank, dst)
 
 

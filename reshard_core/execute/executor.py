@@ -105,7 +105,9 @@ def execute_plan(
         check_inputs(plan, src_tensors, dst_tensors, owners, cast=cast, device=transport.device)
         memo.checked.add((cast, transport.device))
     pool = pool if pool is not None else pool_for(plan)
-    ctx = ExecContext(plan, src_tensors, dst_tensors, owners, pool=pool, views=memo.views)
+    ctx = ExecContext(
+        plan, src_tensors, dst_tensors, owners, pool=pool, views=memo.views, recipes=memo.recipes
+    )
     names = frozenset(owners)
     schedule = memo.schedules.get(names)
     if schedule is None:

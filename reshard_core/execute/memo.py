@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .messages import Recipe
 from .schedule import Schedule
 
 
@@ -24,12 +25,14 @@ class ExecMemo:
     ``checked``: the ``(cast, transport device)`` combinations the input check passed for.
     ``views``: each op's region views, by ``(id(op), side)``.
     ``schedules``: the plan's ``Schedule`` by the set of transformed names.
+    ``recipes``: how each message without transformed ops travels (``messages.Recipe``).
     """
 
     plan: object | None = None
     checked: set[tuple[bool, str]] = field(default_factory=set)
     views: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
     schedules: dict[frozenset[str], Schedule] = field(default_factory=dict)
+    recipes: dict[tuple[int, str], Recipe] = field(default_factory=dict)
 
     def bind(self, plan: object) -> None:
         """Forget everything when called with another plan than before. The plan is held, not its
@@ -39,3 +42,4 @@ class ExecMemo:
             self.checked.clear()
             self.views.clear()
             self.schedules.clear()
+            self.recipes.clear()

@@ -38,6 +38,8 @@ class ExecContext:
     pool: StagingPool = field(default_factory=StagingPool)
     views: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
     """Region views by ``(id(op), side)``, kept across executions by an ``ExecMemo``."""
+    recipes: dict[tuple[int, str], Recipe] = field(default_factory=dict)
+    """Untransformed messages' recipes by ``(id(ops), direction)``, kept by an ``ExecMemo``."""
 
     def wire_dtype(self, name: str) -> torch.dtype:
         return self.plan.tensors[name].dtype
@@ -93,9 +95,44 @@ class Incoming:
     direct: bool
     staged: int
 
+    recipe: Recipe | None = None
+    """Set for an untransformed message: ``land`` unpacks by it (``landings`` is then empty)."""
+
     @property
     def pooled(self) -> bool:
         return not self.direct
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How one message without transformed ops travels; fixed while the plan and tensors are (so an
+    ``ExecMemo`` keeps it). ``direct``: the memory that goes on the wire as is (the source regions to
+    send, or the destination regions to receive into), None when the message is staged; ``pieces``:
+    each op's region view and its slot in a staging buffer of ``nbytes``."""
+
+    direct: torch.Tensor | None
+    pieces: tuple[tuple[torch.Tensor, Slot], ...]
+    nbytes: int
+
+
+def _recipe(ctx: ExecContext, ops: list[TransferOp], direction: str) -> Recipe:
+    """The (memoized) recipe of a message of untransformed ops; ``direction``: "send" or "recv"."""
+    key = (id(ops), direction)
+    found = ctx.recipes.get(key)
+    if found is None:
+        view = ctx.src_view if direction == "send" else ctx.dst_view
+        views = [view(op) for op in ops]
+        wire = [ctx.wire_dtype(op.name) for op in ops]
+        slots, total = layout_slots([(tuple(op.sizes), dtype) for op, dtype in zip(ops, wire, strict=True)])
+        direct = None
+        if total and all(v.dtype == dtype for v, dtype in zip(views, wire, strict=True)):
+            direct = contiguous_span(views, slots, total)
+        found = ctx.recipes[key] = Recipe(direct, tuple(zip(views, slots, strict=True)), total)
+    return found
+
+
+def _transformed(ctx: ExecContext, ops: list[TransferOp]) -> bool:
+    return bool(ctx.transforms) and any(op.name in ctx.transforms for op in ops)
 
 
 def _send_pieces(ctx: ExecContext, op: TransferOp) -> tuple[list[tuple[torch.Tensor, torch.dtype]], int]:
@@ -110,6 +147,14 @@ def _send_pieces(ctx: ExecContext, op: TransferOp) -> tuple[list[tuple[torch.Ten
 
 def build_outgoing(ctx: ExecContext, peer: int, ops: list[TransferOp]) -> Outgoing | None:
     """Pack every SEND op to ``peer`` of one batch into one message (None when it has no bytes)."""
+    if not _transformed(ctx, ops):
+        recipe = _recipe(ctx, ops, "send")
+        if recipe.direct is not None or recipe.nbytes == 0:
+            return Outgoing(peer, recipe.direct, 0) if recipe.nbytes else None
+        message = ctx.pool.take(recipe.nbytes, recipe.pieces[0][0].device)
+        for view, slot in recipe.pieces:
+            slot_view(message, slot).copy_(view)
+        return Outgoing(peer, message, ctx.meter.hold(recipe.nbytes), pooled=True)
     pieces: list[tuple[torch.Tensor, torch.dtype]] = []
     produced = 0
     for op in ops:
@@ -183,6 +228,14 @@ def _direct_target(
 
 def build_incoming(ctx: ExecContext, peer: int, ops: list[TransferOp]) -> Incoming | None:
     """Prepare the one message expected from ``peer`` in a batch (None when it has no bytes)."""
+    if not _transformed(ctx, ops):
+        recipe = _recipe(ctx, ops, "recv")
+        if recipe.nbytes == 0:
+            return None
+        if recipe.direct is not None:
+            return Incoming(peer, recipe.direct, [], True, 0, recipe)
+        message = ctx.pool.take(recipe.nbytes, recipe.pieces[0][0].device)
+        return Incoming(peer, message, [], False, ctx.meter.hold(recipe.nbytes), recipe)
     pairs = [_landing(ctx, op) for op in ops]
     landings = [landing for landing, _ in pairs]
     slots, total = layout_slots([spec for _, specs in pairs for spec in specs])
@@ -206,6 +259,11 @@ def _buffer_bytes(landings: list[Landing]) -> int:
 
 def land(ctx: ExecContext, incoming: Incoming) -> None:
     """Unpack a completed message: one copy per op (cast if asked), or the transform's finalize_recv."""
+    if incoming.recipe is not None:
+        if not incoming.direct:
+            for target, slot in incoming.recipe.pieces:
+                target.copy_(slot_view(incoming.message, slot))
+        return
     for landing in incoming.landings:
         if incoming.direct:
             views = [incoming.message]
