@@ -392,3 +392,29 @@ def test_slices_out_of_order_or_with_gaps_are_staged():
         stats = execute_plan(plan_of(0, ops), {}, dst, transport)
         assert transport.tensors[0].data_ptr() != dst["w"].data_ptr()
         assert stats.peak_staging_bytes == transport.tensors[0].nbytes > 0
+
+
+def test_a_memo_keeps_each_message_s_recipe_and_a_warm_run_sends_the_same_bytes():
+    flat = torch.arange(48, dtype=F32)
+    src = {"w": flat[:24].view(4, 6), "v": flat[24:].view(4, 6)}
+    dst = {"w": torch.zeros(4, 6)}
+    ops = [
+        op("recv", "w", 1, (0, 0), (2, 6), None, (0, 0)),
+        op("recv", "w", 1, (2, 0), (2, 6), None, (2, 0)),
+        op("send", "v", 1, (0, 0), (4, 6), (0, 0), None),  # v then w: not storage order, packed
+        op("send", "w", 1, (0, 0), (4, 6), (0, 0), None),
+        op("send", "w", 2, (0, 0), (4, 6), (0, 0), None),  # in storage order: direct
+        op("send", "v", 2, (0, 0), (4, 6), (0, 0), None),
+    ]
+    plan, memo = plan_of(0, ops), ExecMemo()
+    runs = []
+    for _ in range(2):
+        transport = Capture()
+        execute_plan(plan, src, dst, transport, memo=memo)
+        runs.append((transport.sent[1].clone(), transport.sent[2], transport.tensors[0], dict(memo.recipes)))
+    (packed, direct, received, recipes), (packed2, direct2, received2, recipes2) = runs
+    assert sorted(direction for _, direction in recipes) == ["recv", "send", "send"]
+    assert all(recipes2[key] is recipe for key, recipe in recipes.items())  # built once
+    assert torch.equal(packed.view(F32), torch.cat([flat[24:], flat[:24]])) and torch.equal(packed, packed2)
+    assert direct.data_ptr() == direct2.data_ptr() == flat.data_ptr()
+    assert received.data_ptr() == received2.data_ptr() == dst["w"].data_ptr()
