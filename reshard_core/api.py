@@ -98,19 +98,22 @@ class Session:
     a source tensor derived from live data (e.g. a dequantized copy of a quantized param) is never stale."""
     models: tuple[weakref.ref, ...] = ()
     """The source modules, then the destination modules, it was built for (weakly held)."""
-    num_src_models: int = 0
     signature: tuple = ()
     """``(_model_signature(src), _model_signature(dst))`` when it was built."""
+    watched: list[tuple[dict, str, tuple]] = field(default_factory=list)
+    """Each tensor of its models: the owner's parameter or buffer dict, the key, the fingerprint."""
 
     def refit(self, *, cast: bool = False) -> RefitReport:
         """Run this prepared refit again: the fast path for a loop that calls ``prepare`` once.
 
-        ``reshard_core.refit`` first agrees with every rank (one small all-gather) that the cached
-        session still fits, and rebuilds it everywhere if not. This method skips that round: each rank
-        checks only its own models (the same objects; every tensor's name, shape, dtype, stride,
-        storage and layout) and raises ``ReshardError`` before any data moves if they changed or were
-        collected. Its peers then fail with ``TransportError`` within ``timeout``; after a change call
-        ``prepare`` again on every rank. Collective with every peer of the plan.
+        ``reshard_core.refit`` first walks both models and agrees with every rank (one small
+        all-gather) that the cached session still fits, and rebuilds it everywhere if not. This
+        method skips both: each rank checks that every tensor it was prepared with still sits where
+        it was (same module attribute; same shape, dtype, stride, storage and layout) and raises
+        ``ReshardError`` before any data moves if one changed or a model was collected. Tensors added
+        to a model later are not looked for. Its peers then fail with ``TransportError`` within
+        ``timeout``; after a change call ``prepare`` again on every rank. Collective with every peer
+        of the plan.
         """
         start = time.perf_counter()
         problem = self._changed()
@@ -130,12 +133,12 @@ class Session:
 
     def _changed(self) -> str | None:
         """Why this rank's models no longer match the session, or None when they do."""
-        models = [ref() for ref in self.models]
-        if any(m is None for m in models):
+        if any(ref() is None for ref in self.models):
             return "a model it was prepared for was garbage collected"
-        n = self.num_src_models
-        if (_model_signature(models[:n]), _model_signature(models[n:])) != self.signature:
-            return "a tensor was replaced, reshaped, moved or re-laid out"
+        for holder, key, fingerprint in self.watched:
+            tensor = holder.get(key)
+            if tensor is None or _fingerprint(tensor) != fingerprint:
+                return "a tensor was replaced, reshaped, moved or re-laid out"
         return None
 
     def _execute(self, cast: bool) -> ExecStats:
@@ -368,24 +371,36 @@ def _remember(key: tuple, src: Model, dst: Model, signature: tuple, session: Ses
         finalizer.detach()
     modules = _modules(src) + _modules(dst)
     session.models = tuple(weakref.ref(m) for m in modules)
-    session.num_src_models = len(_modules(src))
     session.signature = signature
+    session.watched = _watch(modules)
     finalizers = [weakref.finalize(m, _sessions.pop, key, None) for m in modules]
     _sessions[key] = _Cached(session, finalizers)
 
 
 def _model_signature(model: Model) -> tuple:
-    """What a cached session depends on locally: every tensor's name, shape, dtype, stride, storage
-    pointer, DTensor placements and declared layout."""
+    """What a cached session depends on locally: every tensor's name and ``_fingerprint``."""
+    return tuple((name, _fingerprint(t)) for root in _modules(model) for name, t, _ in iter_tensors(root))
+
+
+def _fingerprint(tensor: torch.Tensor) -> tuple:
+    """A tensor's shape, dtype, stride, storage pointer, DTensor placements and declared layout."""
+    local = getattr(tensor, "_local_tensor", tensor)
+    return (
+        tuple(tensor.shape), tensor.dtype, tuple(local.stride()), local.data_ptr(),
+        repr(getattr(tensor, "placements", None)), repr(getattr(tensor, "_reshard_layout", None)),
+    )  # fmt: skip
+
+
+def _watch(model: Model) -> list[tuple[dict, str, tuple]]:
+    """Where each tensor of ``model`` sits (its owner's ``_parameters`` or ``_buffers`` and key),
+    with its ``_fingerprint``: enough to re-check it without walking the module tree again."""
     out = []
     for root in _modules(model):
-        for name, tensor, _ in iter_tensors(root):
-            local = getattr(tensor, "_local_tensor", tensor)
-            out.append((
-                name, tuple(tensor.shape), tensor.dtype, tuple(local.stride()), local.data_ptr(),
-                repr(getattr(tensor, "placements", None)), repr(getattr(tensor, "_reshard_layout", None)),
-            ))
-    return tuple(out)
+        for name, tensor, owner in iter_tensors(root):
+            key = name.rsplit(".", 1)[-1]
+            holder = owner._parameters if owner._parameters.get(key) is tensor else owner._buffers
+            out.append((holder, key, _fingerprint(tensor)))
+    return out
 
 
 def _agree(

@@ -143,10 +143,12 @@ def _cache_cases(rank: int) -> dict:
     if dst is not None:
         out["stale_untouched"] = bool((dst.weight == 0).all())
     reports.append(reshard_core.refit(src, dst))
+    session = reshard_core.prepare(src, dst)  # the rebuilt session
     if dst is not None:
         out["redeclared"] = torch.equal(dst.weight, rows(ranks[::-1]))
         out["kept"] = ptr == dst.weight.data_ptr()
         dst.weight = nn.Parameter(torch.zeros(12, 8))  # a new shape: replicated, undeclared
+        out["replaced"] = _error_of(session.refit)
     reports.append(reshard_core.refit(src, dst))
     if dst is not None:
         out["reshaped"] = torch.equal(dst.weight, full)
@@ -274,6 +276,7 @@ def test_a_prepared_session_refits_without_agreement_and_refuses_changed_models(
             "reshaped, moved or re-laid out); call reshard_core.prepare() again on every rank"
         )
         assert facts["stale_untouched"]  # refused before any data moved
+        assert facts["replaced"] == facts["stale"]  # a parameter object swapped for another
         assert facts["collected"] == (
             f"rank {rank}: the prepared session no longer fits its models (a model it was prepared "
             "for was garbage collected); call reshard_core.prepare() again on every rank"
