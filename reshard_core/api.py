@@ -102,16 +102,18 @@ class Session:
     """``(_model_signature(src), _model_signature(dst))`` when it was built."""
     watched: list[tuple[dict, str, tuple]] = field(default_factory=list)
     """Each tensor of its models: the owner's parameter or buffer dict, the key, the fingerprint."""
+    structure: list[tuple[dict, tuple]] = field(default_factory=list)
+    """Each module of its models: its children dict and the children it held."""
 
     def refit(self, *, cast: bool = False) -> RefitReport:
         """Run this prepared refit again: the fast path for a loop that calls ``prepare`` once.
 
         ``reshard_core.refit`` first walks both models and agrees with every rank (one small
         all-gather) that the cached session still fits, and rebuilds it everywhere if not. This
-        method skips both: each rank checks that every tensor it was prepared with still sits where
-        it was (same module attribute; same shape, dtype, stride, storage and layout) and raises
-        ``ReshardError`` before any data moves if one changed or a model was collected. Tensors added
-        to a model later are not looked for. Its peers then fail with ``TransportError`` within
+        method skips both: each rank checks that its models still hold the same submodules and that
+        every tensor it was prepared with still sits where it was (same module attribute; same
+        shape, dtype, stride, storage and layout), and raises ``ReshardError`` before any data moves
+        if not or if a model was collected. Its peers then fail with ``TransportError`` within
         ``timeout``; after a change call ``prepare`` again on every rank. Collective with every peer
         of the plan.
         """
@@ -135,6 +137,9 @@ class Session:
         """Why this rank's models no longer match the session, or None when they do."""
         if any(ref() is None for ref in self.models):
             return "a model it was prepared for was garbage collected"
+        for children, held in self.structure:
+            if tuple(children.values()) != held:  # modules compare by identity
+                return "a submodule was replaced, added or removed"
         for holder, key, fingerprint in self.watched:
             tensor = holder.get(key)
             if tensor is None or _fingerprint(tensor) != fingerprint:
@@ -373,6 +378,7 @@ def _remember(key: tuple, src: Model, dst: Model, signature: tuple, session: Ses
     session.models = tuple(weakref.ref(m) for m in modules)
     session.signature = signature
     session.watched = _watch(modules)
+    session.structure = [(m._modules, tuple(m._modules.values())) for r in modules for m in r.modules()]
     finalizers = [weakref.finalize(m, _sessions.pop, key, None) for m in modules]
     _sessions[key] = _Cached(session, finalizers)
 

@@ -93,7 +93,8 @@ def execute_plan(
     fresh buffers). ``window``: staging bytes that earlier batches may keep on the wire while later
     ones are packed and launched (0: staged batches are double-buffered; batches moved in place
     never count). ``memo``: what executions of this plan on these same tensors may reuse (the
-    input check's verdict, region views; see ``ExecMemo`` for the promise it takes). Inputs are
+    input check's verdict, the schedule, region views, message recipes; see ``ExecMemo`` for the
+    promise it takes). Inputs are
     checked before any data moves (``PlanError``); transport failures raise ``TransportError``
     naming the rank, batch and peer.
     """

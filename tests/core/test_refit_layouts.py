@@ -172,6 +172,19 @@ def _error_of(call) -> str | None:
     return None
 
 
+def _swapped_submodule_case(rank: int) -> str | None:
+    """Every rank holds both (replicated) models; a swapped submodule makes ``Session.refit`` refuse."""
+    import reshard_core
+
+    torch.manual_seed(4)
+    src, dst = nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 4))
+    session = reshard_core.prepare(src, dst)
+    session.refit()
+    assert torch.equal(dst[0].weight, src[0].weight)
+    dst[0] = nn.Linear(4, 4)  # its old tensors still exist, but are no longer the model's
+    return _error_of(session.refit)
+
+
 def _bad_input_cases(rank: int) -> dict:
     import reshard_core
 
@@ -202,6 +215,7 @@ def _world(rank: int, world: int) -> dict:
         "dtensor": _dtensor_cases(rank),
         "noncolocated": _noncolocated_cases(rank),
         "cache": _cache_cases(rank),
+        "swapped": _swapped_submodule_case(rank),
         "bad": _bad_input_cases(rank),
     }
     reshard_core.clear_caches()
@@ -282,6 +296,11 @@ def test_a_prepared_session_refits_without_agreement_and_refuses_changed_models(
             "for was garbage collected); call reshard_core.prepare() again on every rank"
         )
     assert results[4]["cache"]["stale"] is None  # the idle rank holds no model: nothing to refuse
+    for rank in range(WORLD):
+        assert results[rank]["swapped"] == (
+            f"rank {rank}: the prepared session no longer fits its models (a submodule was replaced, "
+            "added or removed); call reshard_core.prepare() again on every rank"
+        )
 
 
 def test_an_unmatched_name_is_a_plan_error_on_every_rank_and_ignore_opts_out(results):
