@@ -100,10 +100,11 @@ class Session:
     """The source modules, then the destination modules, it was built for (weakly held)."""
     signature: tuple = ()
     """``(_model_signature(src), _model_signature(dst))`` when it was built."""
-    watched: list[tuple[dict, str, tuple]] = field(default_factory=list)
-    """Each tensor of its models: the owner's parameter or buffer dict, the key, the fingerprint."""
-    structure: list[tuple[dict, tuple]] = field(default_factory=list)
-    """Each module of its models: its children dict and the children it held."""
+    watched: list[tuple[weakref.ref, str, str, tuple]] = field(default_factory=list)
+    """Each tensor of its models: its owner module, ``"_parameters"`` or ``"_buffers"``, the key
+    and the fingerprint (modules are held weakly so a session never keeps a model alive)."""
+    structure: list[tuple[weakref.ref, tuple]] = field(default_factory=list)
+    """Each module of its models, with (weak references to) the children it held."""
 
     def refit(self, *, cast: bool = False) -> RefitReport:
         """Run this prepared refit again: the fast path for a loop that calls ``prepare`` once.
@@ -137,11 +138,11 @@ class Session:
         """Why this rank's models no longer match the session, or None when they do."""
         if any(ref() is None for ref in self.models):
             return "a model it was prepared for was garbage collected"
-        for children, held in self.structure:
-            if tuple(children.values()) != held:  # modules compare by identity
+        for module, children in self.structure:
+            if _children(module()) != children:
                 return "a submodule was replaced, added or removed"
-        for holder, key, fingerprint in self.watched:
-            tensor = holder.get(key)
+        for owner, kind, key, fingerprint in self.watched:
+            tensor = getattr(owner(), kind, {}).get(key)
             if tensor is None or _fingerprint(tensor) != fingerprint:
                 return "a tensor was replaced, reshaped, moved or re-laid out"
         return None
@@ -378,7 +379,7 @@ def _remember(key: tuple, src: Model, dst: Model, signature: tuple, session: Ses
     session.models = tuple(weakref.ref(m) for m in modules)
     session.signature = signature
     session.watched = _watch(modules)
-    session.structure = [(m._modules, tuple(m._modules.values())) for r in modules for m in r.modules()]
+    session.structure = [(weakref.ref(m), _children(m)) for root in modules for m in root.modules()]
     finalizers = [weakref.finalize(m, _sessions.pop, key, None) for m in modules]
     _sessions[key] = _Cached(session, finalizers)
 
@@ -397,16 +398,23 @@ def _fingerprint(tensor: torch.Tensor) -> tuple:
     )  # fmt: skip
 
 
-def _watch(model: Model) -> list[tuple[dict, str, tuple]]:
-    """Where each tensor of ``model`` sits (its owner's ``_parameters`` or ``_buffers`` and key),
-    with its ``_fingerprint``: enough to re-check it without walking the module tree again."""
+def _watch(model: Model) -> list[tuple[weakref.ref, str, str, tuple]]:
+    """Where each tensor of ``model`` sits (its owner, ``_parameters`` or ``_buffers``, the key), with
+    its ``_fingerprint``: enough to re-check it without walking the module tree again."""
     out = []
     for root in _modules(model):
         for name, tensor, owner in iter_tensors(root):
             key = name.rsplit(".", 1)[-1]
-            holder = owner._parameters if owner._parameters.get(key) is tensor else owner._buffers
-            out.append((holder, key, _fingerprint(tensor)))
+            kind = "_parameters" if owner._parameters.get(key) is tensor else "_buffers"
+            out.append((weakref.ref(owner), kind, key, _fingerprint(tensor)))
     return out
+
+
+def _children(module: torch.nn.Module | None) -> tuple | None:
+    """A module's children as weak references (None entries kept; None for a collected module)."""
+    if module is None:
+        return None
+    return tuple(c if c is None else weakref.ref(c) for c in module._modules.values())
 
 
 def _agree(

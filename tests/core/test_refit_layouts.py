@@ -13,6 +13,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -113,8 +116,6 @@ def _noncolocated_cases(rank: int) -> dict:
 
 def _cache_cases(rank: int) -> dict:
     """A replicated source, a destination declared Shard(0) over ranks 0-3; then re-declared."""
-    import gc
-
     import reshard_core
     from reshard_core import api
 
@@ -172,7 +173,7 @@ def _error_of(call) -> str | None:
     return None
 
 
-def _swapped_submodule_case(rank: int) -> str | None:
+def _swapped_submodule_case(rank: int) -> tuple[str | None, bool]:
     """Every rank holds both (replicated) models; a swapped submodule makes ``Session.refit`` refuse."""
     import reshard_core
 
@@ -182,7 +183,12 @@ def _swapped_submodule_case(rank: int) -> str | None:
     session.refit()
     assert torch.equal(dst[0].weight, src[0].weight)
     dst[0] = nn.Linear(4, 4)  # its old tensors still exist, but are no longer the model's
-    return _error_of(session.refit)
+    error = _error_of(session.refit)
+    dst[0].root = [dst]  # a back-reference to the root, as framework state often holds
+    model = weakref.ref(dst)
+    del dst
+    gc.collect()
+    return error, model() is None  # the session does not keep its model alive
 
 
 def _bad_input_cases(rank: int) -> dict:
@@ -299,7 +305,8 @@ def test_a_prepared_session_refits_without_agreement_and_refuses_changed_models(
     for rank in range(WORLD):
         assert results[rank]["swapped"] == (
             f"rank {rank}: the prepared session no longer fits its models (a submodule was replaced, "
-            "added or removed); call reshard_core.prepare() again on every rank"
+            "added or removed); call reshard_core.prepare() again on every rank",
+            True,
         )
 
 
