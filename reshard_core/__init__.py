@@ -55,6 +55,7 @@ _EXPORTS = {
     # refit API
     "refit": "api",
     "prepare": "api",
+    "Session": "api",
     "clear_caches": "api",
     "RefitReport": "api",
 }
