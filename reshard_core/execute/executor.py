@@ -94,9 +94,8 @@ def execute_plan(
     ones are packed and launched (0: staged batches are double-buffered; batches moved in place
     never count). ``memo``: what executions of this plan on these same tensors may reuse (the
     input check's verdict, the schedule, region views, message recipes; see ``ExecMemo`` for the
-    promise it takes). Inputs are
-    checked before any data moves (``PlanError``); transport failures raise ``TransportError``
-    naming the rank, batch and peer.
+    promise it takes). Inputs are checked before any data moves (``PlanError``); transport
+    failures raise ``TransportError`` naming the rank, batch and peer.
     """
     started = time.perf_counter()
     owners = assign_transforms(transform, plan.tensors)

@@ -2,9 +2,10 @@
 
 A refit repeats: the same plan, the same source and destination tensors (written in place). The
 input check then needs to pass once, the plan's schedule (batches, messages) is derived once, and
-the view of every op's region can be kept instead of sliced again. A prepared session keeps one
-memo and is rebuilt, with a fresh memo, when its models' tensors change (``api._model_signature``);
-a caller of ``execute_plan`` who passes a memo makes the same promise.
+every op's region view and every untransformed message's recipe can be kept instead of rebuilt. A
+prepared session keeps one memo; ``refit()`` rebuilds the session, with a fresh memo, when its
+models' tensors change, and ``Session.refit()`` refuses to run then. A caller of ``execute_plan``
+who passes a memo makes the same promise.
 """
 
 from __future__ import annotations

@@ -211,19 +211,13 @@ def contiguous_span(tensors: list[torch.Tensor], slots: list[Slot], total: int) 
     return span.set_(storage, base - storage.data_ptr(), (total,), (1,))
 
 
-def _direct_target(
-    landings: list[Landing], slots: list[Slot], total: int, dtype_of
-) -> torch.Tensor | None:
-    """The tensor to receive into without staging: the destination regions themselves when they lie
-    as the message's slots do, or a transform's single receive buffer."""
-    if any(landing.buffers is not None for landing in landings):
-        if len(landings) != 1 or len(slots) != 1:
-            return None
-        buffer = landings[0].buffers[0]
-        return buffer if buffer.is_contiguous() else None
-    if any(landing.target.dtype != dtype_of(landing.op.name) for landing in landings):
+def _direct_target(landings: list[Landing], slots: list[Slot]) -> torch.Tensor | None:
+    """The transform's receive buffer to receive into without staging: when the message is one op
+    with one contiguous buffer. (Messages without transformed ops go by their ``Recipe``.)"""
+    if len(landings) != 1 or len(slots) != 1:
         return None
-    return contiguous_span([landing.target for landing in landings], slots, total)
+    buffer = landings[0].buffers[0]
+    return buffer if buffer.is_contiguous() else None
 
 
 def build_incoming(ctx: ExecContext, peer: int, ops: list[TransferOp]) -> Incoming | None:
@@ -244,7 +238,7 @@ def build_incoming(ctx: ExecContext, peer: int, ops: list[TransferOp]) -> Incomi
     position = 0
     for landing, specs in pairs:
         landing.slots, position = slots[position : position + len(specs)], position + len(specs)
-    direct = _direct_target(landings, slots, total, ctx.wire_dtype)
+    direct = _direct_target(landings, slots)
     if direct is not None:
         return Incoming(peer, direct, landings, True, ctx.meter.hold(_buffer_bytes(landings)))
     for landing in landings:  # packed: the transform gets views of the message instead
