@@ -37,23 +37,31 @@ class Shard:
     - ``components = (c0, c1, …)`` (Megatron ``partition_sizes`` times W): the extent is a packing of
       independent parts of full sizes c_i, each chunked over W on its own; rank r holds its piece of
       every part, concatenated.
+    - ``sizes = (n0, n1, …, n_{W-1})``: an explicit, possibly uneven split; rank r holds the ``n_r``
+      indices after ``n0 + … + n_{r-1}``. It expresses splits ``torch.chunk`` cannot: a vocab padded
+      to ``W·b`` rows of which only the first V are real (``(b, b, …, V - k·b, 0, …)``), or vLLM's
+      "linear" expert placement (``b + 1`` for the first ``E % W`` ranks, ``b`` after).
     """
 
     dim: int
     stride: int = 1
     components: tuple[int, ...] = ()
+    sizes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.dim < 0:
             raise ValueError(f"Shard dim must be >= 0, got {self.dim}")
         if self.stride < 1:
             raise ValueError(f"Shard stride must be >= 1, got {self.stride}")
-        if self.components and self.stride != 1:
-            raise ValueError("Shard takes either stride or components, not both")
+        if sum(bool(x) for x in (self.stride != 1, self.components, self.sizes)) > 1:
+            raise ValueError("Shard takes one of stride, components or sizes")
+        if any(n < 0 for n in self.sizes):
+            raise ValueError(f"Shard sizes must be >= 0, got {self.sizes}")
 
     def __repr__(self) -> str:
         extra = f", stride={self.stride}" if self.stride != 1 else ""
         extra += f", components={self.components}" if self.components else ""
+        extra += f", sizes={self.sizes}" if self.sizes else ""
         return f"Shard({self.dim}{extra})"
 
 
@@ -141,7 +149,14 @@ def take_intervals(intervals: tuple[Interval, ...], start: int, stop: int) -> li
 def _cut(intervals: tuple[Interval, ...], shard: Shard, world: int, index: int) -> tuple[Interval, ...]:
     length = sum(b - a for a, b in intervals)
     pieces: list[Interval] = []
-    if shard.components:
+    if shard.sizes:
+        if len(shard.sizes) != world:
+            raise ValueError(f"{shard!r}: {len(shard.sizes)} sizes for a mesh dim of {world} ranks")
+        if sum(shard.sizes) != length:
+            raise ValueError(f"{shard!r}: sizes sum to {sum(shard.sizes)}, extent is {length}")
+        start = sum(shard.sizes[:index])
+        pieces.append((start, start + shard.sizes[index]))
+    elif shard.components:
         if sum(shard.components) != length:
             raise ValueError(f"{shard!r}: components sum to {sum(shard.components)}, extent is {length}")
         base = 0

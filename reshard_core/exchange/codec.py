@@ -114,6 +114,7 @@ def encode(rank: int, digest: int, records: list[Record]) -> bytes:
         for p in placements:
             if isinstance(p, Shard):
                 _write_all(head, 1 + p.dim, p.stride, len(p.components), *p.components)
+                _write_all(head, len(p.sizes), *p.sizes)
             else:
                 varint.write(head, 0)
     varint.write(head, len(types))
@@ -169,7 +170,8 @@ def decode(payload: bytes) -> tuple[int, int, list[Record]]:
                 placements.append(Replicate())
             else:
                 stride, n_comp = take(2)
-                placements.append(Shard(code - 1, stride, tuple(take(n_comp))))
+                components = tuple(take(n_comp))
+                placements.append(Shard(code - 1, stride, components, tuple(take(take()[0]))))
         layouts.append(Layout(meshes[mesh_id], tuple(placements)))
     types = []
     for _ in range(take()[0]):

@@ -30,6 +30,7 @@ def declare_layout(
     dim: int | None = None,
     stride: int = 1,
     components: Sequence[int] = (),
+    sizes: Sequence[int] = (),
     group: Any = None,
     ranks: Sequence[int] | None = None,
     name: str | None = None,
@@ -41,9 +42,10 @@ def declare_layout(
     The mesh is ``ranks`` (global ranks in shard order), else the ranks of ``group``, else the
     world; this rank must be in it. ``dim=None`` means replicated over the mesh; otherwise the
     tensor is ``Shard(dim, stride, components)`` over it (``components``: full sizes of packed
-    parts, see ``reshard_core.layout.Shard``). ``shape`` is the global shape; by default it is the
-    local shape with ``dim`` scaled by the mesh size (``sum(components)`` when given), which is
-    right for even splits only. ``layout`` gives a complete ``Layout`` instead (then ``dim``,
+    parts, see ``reshard_core.layout.Shard``), or ``Shard(dim, sizes=sizes)`` when ``sizes`` (each
+    rank's extent, an uneven split) is given. ``shape`` is the global shape; by default it is the
+    local shape with ``dim`` scaled by the mesh size (``sum(components)`` or ``sum(sizes)`` when
+    given), which is right for even splits only. ``layout`` gives a complete ``Layout`` instead (then ``dim``,
     ``stride``, ``components``, ``group`` and ``ranks`` must be left out). ``name`` overrides the
     canonical name. Raises ``ExtractError`` when the local shape does not match the declaration.
     """
@@ -51,10 +53,12 @@ def declare_layout(
         raise ExtractError(f"declare_layout expects a tensor, got {type(tensor).__name__}")
     me = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
     if layout is not None:
-        if dim is not None or stride != 1 or components or group is not None or ranks is not None:
-            raise ExtractError("declare_layout: pass either layout= or dim/stride/components/group/ranks")
+        if dim is not None or stride != 1 or components or sizes or group is not None or ranks is not None:
+            raise ExtractError(
+                "declare_layout: pass either layout= or dim/stride/components/sizes/group/ranks"
+            )
     else:
-        layout = _layout_from_args(tensor, dim, stride, tuple(components), group, ranks)
+        layout = _layout_from_args(tensor, dim, stride, tuple(components), tuple(sizes), group, ranks)
     local = tuple(tensor.shape)
     if shape is None:
         shape = _default_global_shape(local, layout)
@@ -70,7 +74,7 @@ def declare_layout(
     return tensor
 
 
-def _layout_from_args(tensor, dim, stride, components, group, ranks) -> Layout:
+def _layout_from_args(tensor, dim, stride, components, sizes, group, ranks) -> Layout:
     if ranks is not None and group is not None:
         raise ExtractError("declare_layout: pass group= or ranks=, not both")
     if ranks is not None:
@@ -85,12 +89,13 @@ def _layout_from_args(tensor, dim, stride, components, group, ranks) -> Layout:
     try:
         mesh = Mesh.of(mesh_ranks)
         if dim is None:
-            if stride != 1 or components:
-                raise ExtractError("declare_layout: stride/components need dim=")
+            if stride != 1 or components or sizes:
+                raise ExtractError("declare_layout: stride/components/sizes need dim=")
             return Layout(mesh, (Replicate(),))
         if not 0 <= dim < tensor.dim():
             raise ExtractError(f"declare_layout: dim={dim} is out of range for a {tensor.dim()}-d tensor")
-        return Layout(mesh, (Shard(dim, stride, tuple(int(c) for c in components)),))
+        shard = Shard(dim, stride, tuple(int(c) for c in components), tuple(int(n) for n in sizes))
+        return Layout(mesh, (shard,))
     except ValueError as exc:
         raise ExtractError(f"declare_layout: {exc}") from None
 
@@ -99,8 +104,8 @@ def _default_global_shape(local: tuple[int, ...], layout: Layout) -> tuple[int, 
     shape = list(local)
     for size, placement in zip(layout.mesh.shape, layout.placements, strict=True):
         if isinstance(placement, Shard):
-            if placement.components:
-                shape[placement.dim] = sum(placement.components)
+            if placement.components or placement.sizes:
+                shape[placement.dim] = sum(placement.components or placement.sizes)
             else:
                 shape[placement.dim] *= size
     return tuple(shape)

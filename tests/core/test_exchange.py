@@ -35,6 +35,9 @@ placements = st.one_of(
     st.builds(
         lambda d, c: Shard(d, components=tuple(c)), st.integers(0, 3), st.lists(st.integers(0, 9), max_size=3)
     ),
+    st.builds(
+        lambda d, n: Shard(d, sizes=tuple(n)), st.integers(0, 3), st.lists(st.integers(0, 300), max_size=4)
+    ),
 )
 
 

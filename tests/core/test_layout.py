@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from reshard_core.layout import Box, Layout, Mesh, Replicate, Shard, chunk_bounds, take_intervals
@@ -39,6 +40,26 @@ def test_components_are_split_on_their_own():
     layout = Layout(Mesh.of([0, 1]), (Shard(0, components=(4, 2)),))
     assert layout.dim_intervals((6,), 0) == (((0, 2), (4, 5)),)
     assert layout.dim_intervals((6,), 1) == (((2, 4), (5, 6)),)
+
+
+def test_explicit_sizes_split_unevenly_past_torch_chunk():
+    # a 1000-row vocab padded to 4 x 256 rows: the last rank holds 232 real rows
+    layout = Layout(Mesh.of(range(4)), (Shard(0, sizes=(256, 256, 256, 232)),))
+    assert [layout.dim_intervals((1000, 8), r)[0] for r in range(4)] == [
+        ((0, 256),), ((256, 512),), ((512, 768),), ((768, 1000),),
+    ]  # fmt: skip
+    # vLLM's linear expert placement: 6 experts over 4 ranks -> 2, 2, 1, 1 (torch.chunk: 2, 2, 2, 0)
+    experts = Layout(Mesh.of(range(4)), (Shard(0, sizes=(2, 2, 1, 1)),))
+    assert [experts.local_shape((6, 3), r) for r in range(4)] == [(2, 3), (2, 3), (1, 3), (1, 3)]
+
+
+def test_explicit_sizes_must_fit_the_mesh_and_the_extent():
+    with pytest.raises(ValueError, match=r"3 sizes for a mesh dim of 4 ranks"):
+        Layout(Mesh.of(range(4)), (Shard(0, sizes=(1, 1, 1)),)).boxes((3,), 0)
+    with pytest.raises(ValueError, match=r"sizes sum to 4, extent is 5"):
+        Layout(Mesh.of(range(4)), (Shard(0, sizes=(1, 1, 1, 1)),)).boxes((5,), 0)
+    with pytest.raises(ValueError, match="Shard takes one of stride, components or sizes"):
+        Shard(0, stride=2, sizes=(1, 1))
 
 
 def test_two_mesh_dims_on_one_tensor_dim_cut_left_to_right():
