@@ -9,11 +9,7 @@ import torch
 from ..errors import PlanError
 from ..plan.ops import OpKind, RankPlan, TransferOp
 from ..specs import TensorMeta
-
-
-def region(tensor: torch.Tensor, local_offsets: tuple[int, ...], sizes: tuple[int, ...]) -> torch.Tensor:
-    """The view of ``tensor`` starting at ``local_offsets`` with extent ``sizes`` (no copy)."""
-    return tensor[tuple(slice(o, o + s) for o, s in zip(local_offsets, sizes, strict=True))]
+from ..views import region  # noqa: F401  (re-exported: the executor's region views)
 
 
 def source_name(plan: RankPlan, name: str) -> str:

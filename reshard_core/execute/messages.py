@@ -19,7 +19,8 @@ import torch
 
 from ..plan.ops import RankPlan, TransferOp
 from ..transform import ReshardTransform
-from .check import region, source_name
+from ..views import copy_into, materialize, region
+from .check import source_name
 from .pool import StagingPool
 from .slots import Slot, layout_slots, slot_view
 from .stats import ExecStats, StagingMeter
@@ -141,7 +142,7 @@ def _send_pieces(ctx: ExecContext, op: TransferOp) -> tuple[list[tuple[torch.Ten
     transform = ctx.transforms.get(op.name)
     if transform is None:
         return [(view, ctx.wire_dtype(op.name))], 0
-    wire = transform.prepare_send(op.name, op, view)
+    wire = transform.prepare_send(op.name, op, materialize(view))
     return [(t, t.dtype) for t in wire], sum(t.nbytes for t in wire)
 
 
@@ -153,7 +154,7 @@ def build_outgoing(ctx: ExecContext, peer: int, ops: list[TransferOp]) -> Outgoi
             return Outgoing(peer, recipe.direct, 0) if recipe.nbytes else None
         message = ctx.pool.take(recipe.nbytes, recipe.pieces[0][0].device)
         for view, slot in recipe.pieces:
-            slot_view(message, slot).copy_(view)
+            copy_into(slot_view(message, slot), view)
         return Outgoing(peer, message, ctx.meter.hold(recipe.nbytes), pooled=True)
     pieces: list[tuple[torch.Tensor, torch.dtype]] = []
     produced = 0
@@ -172,7 +173,7 @@ def build_outgoing(ctx: ExecContext, peer: int, ops: list[TransferOp]) -> Outgoi
     message = ctx.pool.take(total, pieces[0][0].device)
     staged = ctx.meter.hold(total)
     for (tensor, _), slot in zip(pieces, slots, strict=True):
-        slot_view(message, slot).copy_(tensor)
+        copy_into(slot_view(message, slot), tensor)
     ctx.meter.release(produced)
     return Outgoing(peer, message, staged, pooled=True)
 
@@ -195,6 +196,8 @@ def contiguous_span(tensors: list[torch.Tensor], slots: list[Slot], total: int) 
     ``slots[i].offset`` bytes after the first. One tensor is returned as is; several as a flat uint8
     view of the storage range they cover (``total`` bytes). None when any condition fails.
     """
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        return None  # a split region (``views.SplitRegion``) is never one stretch of memory
     first = tensors[0]
     if len(tensors) == 1:
         return first if first.is_contiguous() and first.nbytes == total else None
@@ -256,7 +259,7 @@ def land(ctx: ExecContext, incoming: Incoming) -> None:
     if incoming.recipe is not None:
         if not incoming.direct:
             for target, slot in incoming.recipe.pieces:
-                target.copy_(slot_view(incoming.message, slot))
+                copy_into(target, slot_view(incoming.message, slot))
         return
     for landing in incoming.landings:
         if incoming.direct:
@@ -266,7 +269,7 @@ def land(ctx: ExecContext, incoming: Incoming) -> None:
         if landing.target is None:
             ctx.transforms[landing.op.name].finalize_recv(landing.op.name, landing.op, views)
         elif not incoming.direct:
-            landing.target.copy_(views[0])
+            copy_into(landing.target, views[0])
 
 
 def run_local(ctx: ExecContext, op: TransferOp) -> int:
@@ -274,9 +277,9 @@ def run_local(ctx: ExecContext, op: TransferOp) -> int:
     view = ctx.src_view(op)
     transform = ctx.transforms.get(op.name)
     if transform is None:
-        ctx.dst_view(op).copy_(view)
+        copy_into(ctx.dst_view(op), view)
     else:
-        wire = transform.prepare_send(op.name, op, view)
+        wire = transform.prepare_send(op.name, op, materialize(view))
         held = ctx.meter.hold(sum(t.nbytes for t in wire))
         transform.finalize_recv(op.name, op, wire)
         ctx.meter.release(held)
