@@ -114,9 +114,7 @@ class SplitView:
 
     def region(self, offsets: Sequence[int], sizes: Sequence[int]) -> SplitRegion | torch.Tensor:
         """The box at ``offsets`` of extent ``sizes``: a plain view when it is one base block."""
-        per_dim = [
-            flat_blocks(g, o, o + s) for g, o, s in zip(self.groups, offsets, sizes, strict=True)
-        ]
+        per_dim = [flat_blocks(g, o, o + s) for g, o, s in zip(self.groups, offsets, sizes, strict=True)]
         pieces = []
         for combo in _product(per_dim):
             slices, index = [], []
@@ -127,8 +125,10 @@ class SplitView:
         shape = tuple(int(s) for s in sizes)
         if len(pieces) == 1:
             view = pieces[0][1]
-            return view.view(shape) if _viewable(view, shape) else SplitRegion(
-                shape, self.dtype, self.device, tuple(pieces)
+            return (
+                view.view(shape)
+                if _viewable(view, shape)
+                else SplitRegion(shape, self.dtype, self.device, tuple(pieces))
             )
         return SplitRegion(shape, self.dtype, self.device, tuple(pieces))
 

@@ -20,7 +20,9 @@ def test_flat_blocks_cover_a_row_major_range_in_order():
             flat: list[int] = []
             for offset, block in blocks:
                 assert offset == len(flat)
-                flat += [i * 12 + j * 4 + k for i, j, k in itertools.product(*(range(a, b) for a, b in block))]
+                flat += [
+                    i * 12 + j * 4 + k for i, j, k in itertools.product(*(range(a, b) for a, b in block))
+                ]
             assert flat == list(range(start, stop))
 
 
