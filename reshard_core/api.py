@@ -26,11 +26,14 @@ import torch.distributed as dist
 
 from .errors import ReshardError, TransportError
 from .exchange import exchange_layouts
+from .exchange.verdict import Problems, raise_if_any
 from .execute.executor import execute_plan
 from .execute.memo import ExecMemo
 from .execute.pool import StagingPool
 from .execute.stats import ExecStats
 from .extract import ExtractContext, extract_specs, iter_tensors
+from .formats import ModelFormat, resolve_format
+from .formats.sides import FormatChoice, agreed_formats, format_code, logical_side
 from .plan.cache import cached_plan_rank, clear_plan_cache
 from .plan.ops import RankPlan
 from .plugins import get_plugin_manager
@@ -176,16 +179,25 @@ class _Options:
     ignore: Sequence[str]
     tied: dict[str, str] | None
     timeout: float | None
+    src_format: ModelFormat | str | None = None
+    dst_format: ModelFormat | str | None = None
 
     def key(self, src: Model, dst: Model) -> tuple:
         """The session cache key: model identities plus every option, hashable."""
         t = self.transform
         transforms = (t,) if isinstance(t, ReshardTransform) else tuple(t or ())
         return (
-            tuple(id(m) for m in _modules(src)), tuple(id(m) for m in _modules(dst)),
+            tuple(id(m) for m in _modules(src)),
+            tuple(id(m) for m in _modules(dst)),
             self.transport if isinstance(self.transport, str) else id(self.transport),
-            _group_key(self.group), tuple(id(x) for x in transforms), self.max_batch_bytes,
-            tuple(self.ignore), tuple(sorted((self.tied or {}).items())), self.timeout,
+            _group_key(self.group),
+            tuple(id(x) for x in transforms),
+            self.max_batch_bytes,
+            tuple(self.ignore),
+            tuple(sorted((self.tied or {}).items())),
+            self.timeout,
+            _format_key(self.src_format),
+            _format_key(self.dst_format),
         )
 
 
@@ -204,15 +216,20 @@ def prepare(
     ignore: Sequence[str] = (),
     tied: dict[str, str] | None = None,
     timeout: float | None = None,
+    src_format: ModelFormat | str | None = None,
+    dst_format: ModelFormat | str | None = None,
 ) -> Session:
     """Build (or reuse) this rank's refit session. Collective over ``group`` (default: the world).
 
     Raises ``PlanError`` on every rank, before any data moves, when the two sides do not match
     (unmatched names, shape or dtype disagreement, holes or double coverage); ``ignore`` (fnmatch
     patterns) and ``tied`` (``{dst_name: src_name}``, e.g. an untied output layer fed from the
-    embedding) are the explicit opt-outs.
+    embedding) are the explicit opt-outs. ``src_format``/``dst_format`` (a ``ModelFormat`` or a
+    registered name) override the detected model formats; see ``refit``.
     """
-    options = _Options(transport, group, transform, max_batch_bytes, ignore, tied, timeout)
+    options = _Options(
+        transport, group, transform, max_batch_bytes, ignore, tied, timeout, src_format, dst_format
+    )
     return _session(src, dst, options)[0]
 
 
@@ -222,10 +239,15 @@ def _session(src: Model, dst: Model, options: _Options) -> tuple[Session, bool]:
     signature = (_model_signature(src), _model_signature(dst))
     cached = _sessions.get(key)
     valid = cached is not None and cached.session.built_for(src, dst, signature)
-    everyone_valid, sides = _agree(valid, src is not None, dst is not None, options.group, options.timeout)
+    formats = (resolve_format(src, options.src_format), resolve_format(dst, options.dst_format))
+    codes = (format_code(formats[0]), format_code(formats[1]))
+    everyone_valid, sides, all_codes = _agree(
+        valid, src is not None, dst is not None, codes, options.group, options.timeout
+    )
     if everyone_valid:
         return cached.session, True
-    session = _build(src, dst, sides, options)
+    choice = agreed_formats(formats, all_codes, sides)
+    session = _build(src, dst, sides, options, choice)
     _remember(key, src, dst, signature, session)
     return session, False
 
@@ -242,6 +264,8 @@ def refit(
     tied: dict[str, str] | None = None,
     timeout: float | None = None,
     cast: bool = False,
+    src_format: ModelFormat | str | None = None,
+    dst_format: ModelFormat | str | None = None,
 ) -> RefitReport:
     """Copy every weight of ``src`` into ``dst`` across their layouts, in place. Collective over ``group``.
 
@@ -249,9 +273,18 @@ def refit(
     every destination element equals the source element at the same global coordinate (bit for bit
     when dtypes match; ``cast=True`` converts between dtypes, a transform defines its own format).
     A failing or vanished peer makes every rank raise ``TransportError`` within ``timeout`` seconds.
+
+    Models in different formats (a Megatron-Core ``GPTModel`` and a transformers model, an HF model
+    and an engine's fused, padded parameters) are refit through the logical (HF checkpoint) space:
+    each side's format maps its parameters onto logical tensors, and only the slices each
+    destination rank needs move. Formats are detected (or declared with
+    ``reshard_core.declare_format``); ``src_format``/``dst_format`` override them. Models of one
+    format (or of none) are refit by their own tensor names.
     """
     start = time.perf_counter()
-    options = _Options(transport, group, transform, max_batch_bytes, ignore, tied, timeout)
+    options = _Options(
+        transport, group, transform, max_batch_bytes, ignore, tied, timeout, src_format, dst_format
+    )
     session, reused = _session(src, dst, options)
     return _report(session, session._execute(cast), reused, time.perf_counter() - start)
 
@@ -286,15 +319,25 @@ def _report(session: Session, stats: ExecStats, reused: bool, total: float) -> R
     )
 
 
-def _build(src: Model, dst: Model, sides: tuple, options: _Options) -> Session:
-    """Extract, exchange and plan. ``sides``: the global ranks passing a source / destination model,
-    over which each side's plain, undeclared tensors are replicated."""
+def _build(src: Model, dst: Model, sides: tuple, options: _Options, choice: FormatChoice) -> Session:
+    """Extract (through the models' formats when they differ), agree that no rank failed, exchange
+    and plan. ``sides``: the global ranks passing a source / destination model, over which each
+    side's plain, undeclared tensors are replicated."""
     o = options
     group = o.group
     seconds: dict[str, float] = {}
     t = time.perf_counter()
-    src_specs = _extract(src, "src", group, sides[0])
-    dst_specs = _extract(dst, "dst", group, sides[1])
+    problems = Problems()
+    src_specs, dst_specs, padding = [], [], []
+    try:
+        src_specs, _ = _describe(src, "src", group, sides[0], choice, o.ignore, problems)
+        dst_specs, padding = _describe(dst, "dst", group, sides[1], choice, o.ignore, problems)
+    except ReshardError as exc:
+        problems.errors.append(str(exc))
+    raise_if_any(problems, group)
+    with torch.no_grad():
+        for pad in padding:  # zero-filled once: no source element ever lands there
+            pad.zero_()
     transforms = _transforms(dst, dst_specs, o.transform)
     seconds["extract"] = time.perf_counter() - t
 
@@ -304,7 +347,11 @@ def _build(src: Model, dst: Model, sides: tuple, options: _Options) -> Session:
 
     t = time.perf_counter()
     plan, _ = cached_plan_rank(
-        table, dist.get_rank(), max_batch_bytes=o.max_batch_bytes, ignore=o.ignore, tied=o.tied,
+        table,
+        dist.get_rank(),
+        max_batch_bytes=o.max_batch_bytes,
+        ignore=o.ignore,
+        tied=choice.ties(o.tied),
         group=_group_key(group),
     )
     seconds["plan"] = time.perf_counter() - t
@@ -320,10 +367,20 @@ def _build(src: Model, dst: Model, sides: tuple, options: _Options) -> Session:
     )
 
 
-def _extract(model: Model, side: str, group, ranks: tuple[int, ...]) -> list[TensorSpec]:
+def _describe(
+    model: Model, side: str, group, ranks: tuple[int, ...], choice: FormatChoice, ignore, problems: Problems
+) -> tuple[list[TensorSpec], list[torch.Tensor]]:
+    """This rank's specs of one side (logical when ``choice.mapped``) and its padding views."""
     if model is None:
-        return []
-    return extract_specs(model, side, group=group, context=ExtractContext.create(group, replica_ranks=ranks))
+        return [], []
+    context = ExtractContext.create(group, replica_ranks=ranks)
+    if not choice.mapped:
+        return extract_specs(model, side, group=group, context=context), []
+    return logical_side(model, side, choice.of(side), context, ignore, problems)
+
+
+def _format_key(fmt: ModelFormat | str | None) -> object:
+    return fmt if fmt is None or isinstance(fmt, str) else id(fmt)
 
 
 def _transforms(dst: Model, dst_specs: list[TensorSpec], given) -> list[ReshardTransform]:
@@ -418,14 +475,16 @@ def _children(module: torch.nn.Module | None) -> tuple | None:
 
 
 def _agree(
-    valid: bool, has_src: bool, has_dst: bool, group, timeout: float | None
-) -> tuple[bool, tuple[tuple[int, ...], tuple[tuple[int, ...]]]]:
-    """One tiny all-gather over ``group``: whether the cached session is valid on every rank, and
-    which global ranks pass a source and a destination model. Bounded by ``timeout`` when given."""
+    valid: bool, has_src: bool, has_dst: bool, codes: tuple[int, int], group, timeout: float | None
+) -> tuple[bool, tuple[tuple[int, ...], tuple[int, ...]], dict[int, tuple[int, int]]]:
+    """One tiny all-gather over ``group``: whether the cached session is valid on every rank, which
+    global ranks pass a source and a destination model, and each rank's ``(src, dst)`` format codes
+    (``formats.sides.format_code``). Bounded by ``timeout`` when given."""
     device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
-    mine = torch.tensor([int(valid), int(has_src), int(has_dst)], dtype=torch.int32, device=device)
+    flags = [int(valid), int(has_src), int(has_dst), *codes]
+    mine = torch.tensor(flags, dtype=torch.int32, device=device)
     ranks = _group_ranks(group)
-    gathered = torch.empty(3 * len(ranks), dtype=torch.int32, device=device)
+    gathered = torch.empty(len(flags) * len(ranks), dtype=torch.int32, device=device)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
     work = gather(gathered, mine, group=group, async_op=True)
     try:
@@ -439,10 +498,11 @@ def _agree(
             f"rank {dist.get_rank()}: refit could not start: ranks {list(ranks)} did not all join{within} "
             f"(one of them failed, exited or is stalled): {_reason(exc)}"
         ) from exc
-    flags = gathered.view(len(ranks), 3).cpu().tolist()
-    src_ranks = tuple(r for r, f in zip(ranks, flags, strict=True) if f[1])
-    dst_ranks = tuple(r for r, f in zip(ranks, flags, strict=True) if f[2])
-    return all(f[0] for f in flags), (src_ranks, dst_ranks)
+    rows = gathered.view(len(ranks), len(flags)).cpu().tolist()
+    src_ranks = tuple(r for r, f in zip(ranks, rows, strict=True) if f[1])
+    dst_ranks = tuple(r for r, f in zip(ranks, rows, strict=True) if f[2])
+    codes_by_rank = {r: (f[3], f[4]) for r, f in zip(ranks, rows, strict=True)}
+    return all(f[0] for f in rows), (src_ranks, dst_ranks), codes_by_rank
 
 
 def _reason(exc: BaseException) -> str:

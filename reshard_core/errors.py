@@ -15,3 +15,8 @@ class TransportError(ReshardError):
 
 class PluginError(ReshardError):
     """A plugin could not be loaded, is incompatible, or a requested name is unknown."""
+
+
+class FormatError(PlanError):
+    """A model format cannot map a model's tensors onto logical ones (an unmapped tensor, or a
+    layout the mapping does not allow); raised on every rank before data moves."""

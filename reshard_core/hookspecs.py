@@ -53,5 +53,15 @@ def reshard_transforms(model, specs):
 
 
 @hookspec
+def reshard_formats():
+    """Return the ``reshard_core.ModelFormat`` instances this plugin provides (a list).
+
+    A format maps a model's physical parameters onto logical (HF checkpoint) tensors, so refits
+    cross naming, fusing and padding conventions. ``refit`` detects a model's format by asking
+    each format's ``detect(model)`` in order: plugins first, the built-in formats last.
+    """
+
+
+@hookspec
 def reshard_register_commands(app):
     """Add commands to the ``reshard`` CLI; ``app`` is the root ``typer.Typer``."""

@@ -34,7 +34,11 @@ from .errors import PluginError
 
 HOOK_GROUP = "reshard"
 TRANSPORT_GROUP = "reshard.transports"
-BUILTIN_HOOK_MODULES = ("reshard_core.extract.builtin", "reshard_core.plan.builtin")
+BUILTIN_HOOK_MODULES = (
+    "reshard_core.extract.builtin",
+    "reshard_core.plan.builtin",
+    "reshard_core.formats.builtin",
+)
 STRICT_ENV = "RESHARD_STRICT_PLUGINS"
 DISABLE_ENV = "RESHARD_DISABLE_PLUGINS"
 

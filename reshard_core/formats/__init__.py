@@ -1,0 +1,20 @@
+"""Model formats: map each framework's parameters onto logical (HF checkpoint) tensors.
+
+See ``base`` for the idea, ``pieces`` for the moves a format is built from, ``registry`` for how
+``refit`` finds a model's format, and one module per family for the built-in formats.
+"""
+
+from __future__ import annotations
+
+from .base import CanonicalFormat, FormatSpecs, ModelFormat
+from .registry import available_formats, declare_format, format_named, resolve_format
+
+__all__ = [
+    "CanonicalFormat",
+    "FormatSpecs",
+    "ModelFormat",
+    "available_formats",
+    "declare_format",
+    "format_named",
+    "resolve_format",
+]

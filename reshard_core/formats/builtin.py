@@ -1,0 +1,13 @@
+"""The built-in formats, registered as a ``trylast`` hook so any plugin's format comes first."""
+
+from __future__ import annotations
+
+from ..hookspecs import hookimpl
+from .base import CanonicalFormat
+from .transformers import TransformersFormat
+
+
+@hookimpl(trylast=True)
+def reshard_formats():
+    """Megatron-Core, transformers (in memory), the vLLM/SGLang convention, HF checkpoint names."""
+    return [TransformersFormat(), CanonicalFormat()]

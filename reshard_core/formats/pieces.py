@@ -1,0 +1,263 @@
+"""The moves a format maps a physical spec onto logical tensors with.
+
+Each takes one ``TensorSpec`` of a physical tensor (its global shape, its layout over ranks, this
+rank's local tensor, possibly ``None`` for offline planning) and returns the spec(s) of logical
+tensors it holds: the logical layout derived from the physical one, and the local tensor as a
+*view* of the physical local tensor, so a refit reads and writes the parameter in place.
+
+- ``rename``: the same tensor under its logical name.
+- ``permute``: a transposed storage (an engine keeping ``W.T``).
+- ``split``: a fused dim of concatenated parts (``[gate; up]``, ``[q; k; v]`` of one rank) —
+  unsharded, ``Shard(dim, stride=k)`` (Megatron's gated fc1) or ``Shard(dim, components=…)``.
+- ``select``: one index of a stacked dim (an expert of ``[E, 2I, H]``); ranks not holding it get
+  no spec.
+- ``regroup``: a dim made of blocks, of which each logical tensor takes the same stretch
+  (Megatron's group-major ``linear_qkv``); the local tensor is a ``SplitView`` when a rank holds
+  several blocks.
+- ``unpad``: a padded dim whose first ``size`` indices are real (a vocab padded for TP); returns
+  the local padding too, which a destination zero-fills once and a source never sends.
+
+A move that the physical layout does not allow (a split across an uneven shard, say) raises
+``FormatError`` naming the tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from itertools import product
+
+import torch
+
+from ..errors import FormatError
+from ..layout import Layout, Mesh, Replicate, Shard, chunk_bounds
+from ..specs import TensorMeta, TensorSpec
+from ..views import SplitView
+
+
+def rename(spec: TensorSpec, name: str) -> TensorSpec:
+    """``spec`` under the logical ``name``."""
+    return replace(spec, meta=replace(spec.meta, name=name))
+
+
+def permute(spec: TensorSpec, dims: Sequence[int], name: str) -> TensorSpec:
+    """Logical dim ``i`` is physical dim ``dims[i]`` (``(1, 0)``: the physical tensor is ``W.T``)."""
+    dims = tuple(dims)
+    where = {d: i for i, d in enumerate(dims)}
+    placements = tuple(
+        replace(p, dim=where[p.dim]) if isinstance(p, Shard) else p for p in spec.layout.placements
+    )
+    shape = tuple(spec.meta.shape[d] for d in dims)
+    tensor = _local(spec, name).permute(dims) if spec.tensor is not None else None
+    return TensorSpec(TensorMeta(name, shape, spec.meta.dtype), Layout(spec.layout.mesh, placements), tensor)
+
+
+def split(spec: TensorSpec, dim: int, parts: Sequence[tuple[str, int]], rank: int) -> list[TensorSpec]:
+    """The logical tensors ``(name, full size)`` concatenated along ``dim`` of ``spec``, in order."""
+    sizes = [n for _, n in parts]
+    if sum(sizes) != spec.meta.shape[dim]:
+        raise FormatError(
+            f"{spec.meta.name}: parts {dict(parts)} sum to {sum(sizes)} along dim {dim}, "
+            f"the tensor has {spec.meta.shape[dim]}"
+        )
+    cutting = _cutting(spec.layout, dim)
+    if not cutting:
+        local_sizes = sizes
+        placement_of = lambda p: p  # noqa: E731
+    elif len(cutting) == 1:
+        m, shard = cutting[0]
+        width = spec.layout.mesh.shape[m]
+        coord = _coord(spec.layout, rank)
+        local_sizes = _local_part_sizes(spec, shard, sizes, width, coord[m] if coord else 0)
+        placement_of = lambda p: Shard(dim) if p is shard else p  # noqa: E731
+    else:
+        raise FormatError(f"{spec.meta.name}: cannot split dim {dim}, {len(cutting)} mesh dims shard it")
+    out, at = [], 0
+    placements = tuple(placement_of(p) for p in spec.layout.placements)
+    for (name, size), local in zip(parts, local_sizes, strict=True):
+        shape = tuple(size if d == dim else n for d, n in enumerate(spec.meta.shape))
+        tensor = _local(spec, name).narrow(dim, at, local) if spec.tensor is not None else None
+        at += local
+        meta = TensorMeta(name, shape, spec.meta.dtype)
+        out.append(TensorSpec(meta, Layout(spec.layout.mesh, placements), tensor))
+    return out
+
+
+def _local_part_sizes(spec: TensorSpec, shard: Shard, sizes: list[int], width: int, index: int) -> list[int]:
+    k = len(sizes)
+    if shard.components and tuple(shard.components) == tuple(sizes):
+        return [b - a for a, b in (chunk_bounds(n, width, index) for n in sizes)]
+    if shard.stride == k and len(set(sizes)) == 1 and sizes[0] % width == 0:
+        return [sizes[0] // width] * k
+    raise FormatError(
+        f"{spec.meta.name}: parts of sizes {tuple(sizes)} cannot be cut out of a {shard!r} "
+        f"shard over {width} ranks"
+    )
+
+
+def select(spec: TensorSpec, dim: int, index: int, name: str, rank: int) -> TensorSpec | None:
+    """Index ``index`` of the stacked dim ``dim`` (dropped); None when this rank does not hold it."""
+    layout, shape = spec.layout, tuple(spec.meta.shape)
+    if not 0 <= index < shape[dim]:
+        raise FormatError(f"{spec.meta.name}: index {index} is outside dim {dim} of size {shape[dim]}")
+    cutting = [m for m, _ in _cutting(layout, dim)]
+    owner, position = None, None
+    for coord in _cutting_coords(layout, dim):
+        pos = 0
+        for a, b in layout.dim_intervals_at(shape, coord)[dim]:
+            if a <= index < b:
+                owner, position = tuple(coord[m] for m in cutting), pos + index - a
+            pos += b - a
+    kept = [m for m in range(len(layout.mesh.shape)) if m not in cutting]
+    ranks = []
+    for coord in layout.mesh.coords():
+        if tuple(coord[m] for m in cutting) == owner:
+            ranks.append(layout.mesh.rank_at(coord))
+    placements = tuple(
+        replace(p, dim=p.dim - (p.dim > dim)) if isinstance(p, Shard) else p
+        for m, p in enumerate(layout.placements)
+        if m in kept
+    )
+    mesh_shape = tuple(layout.mesh.shape[m] for m in kept)
+    if not mesh_shape:
+        mesh_shape, placements = (1,), (Replicate(),)
+    new_layout = Layout(Mesh(tuple(ranks), mesh_shape), placements)
+    meta = TensorMeta(name, shape[:dim] + shape[dim + 1 :], spec.meta.dtype)
+    if rank not in ranks:
+        return None
+    tensor = _local(spec, name).select(dim, position) if spec.tensor is not None else None
+    return TensorSpec(meta, new_layout, tensor)
+
+
+def regroup(
+    spec: TensorSpec, dim: int, block: int, start: int, size: int, name: str, rank: int
+) -> TensorSpec:
+    """Dim ``dim`` is whole blocks of ``block`` indices; keep ``[start, start + size)`` of each.
+
+    Every rank must hold whole blocks (Megatron's TP keeps query groups whole), so the logical
+    tensor is sharded like the physical one with each block shrunk to ``size``.
+    """
+    shape = tuple(spec.meta.shape)
+    if shape[dim] % block or not 0 <= start <= start + size <= block:
+        raise FormatError(
+            f"{spec.meta.name}: dim {dim} of size {shape[dim]} is not blocks of {block} "
+            f"holding [{start}, {start + size})"
+        )
+    logical_shape = shape[:dim] + (shape[dim] // block * size,) + shape[dim + 1 :]
+    layout = _scaled_layout(spec, dim, block, size)
+    _check_blocks(spec, layout, dim, block, size, logical_shape)
+    meta = TensorMeta(name, logical_shape, spec.meta.dtype)
+    if spec.tensor is None:
+        return TensorSpec(meta, layout, None)
+    local = _local(spec, name)
+    blocks = local.shape[dim] // block
+    base = local.unflatten(dim, (blocks, block)).narrow(dim + 1, start, size)
+    if blocks <= 1 or size == block:
+        return TensorSpec(meta, layout, base.flatten(dim, dim + 1))
+    groups = [(n,) for n in local.shape]
+    groups[dim] = (blocks, size)
+    return TensorSpec(meta, layout, SplitView(base, groups))
+
+
+def _scaled_layout(spec: TensorSpec, dim: int, block: int, size: int) -> Layout:
+    placements = []
+    for p in spec.layout.placements:
+        if isinstance(p, Shard) and p.dim == dim:
+            if p.stride != 1 or p.components:
+                raise FormatError(f"{spec.meta.name}: cannot take blocks out of a {p!r} shard")
+            if p.sizes:
+                if any(n % block for n in p.sizes):
+                    raise FormatError(f"{spec.meta.name}: {p!r} splits blocks of {block}")
+                p = replace(p, sizes=tuple(n // block * size for n in p.sizes))
+        placements.append(p)
+    return Layout(spec.layout.mesh, tuple(placements))
+
+
+def _check_blocks(
+    spec: TensorSpec, layout: Layout, dim: int, block: int, size: int, logical_shape: tuple[int, ...]
+) -> None:
+    """Every rank holds whole blocks, and the logical layout gives it exactly those blocks."""
+    physical = spec.layout
+    for coord in _cutting_coords(physical, dim):
+        held = physical.dim_intervals_at(tuple(spec.meta.shape), coord)[dim]
+        if any(a % block or b % block for a, b in held):
+            rank = physical.mesh.rank_at(coord)
+            raise FormatError(
+                f"{spec.meta.name}: rank {rank} holds {list(held)} along dim {dim}, "
+                f"not whole blocks of {block}"
+            )
+        expected = tuple((a // block * size, b // block * size) for a, b in held if b > a)
+        got = tuple(iv for iv in layout.dim_intervals_at(logical_shape, coord)[dim] if iv[1] > iv[0])
+        if _merged(expected) != _merged(got):
+            raise FormatError(f"{spec.meta.name}: blocks of {block} cannot be re-sharded as {layout}")
+
+
+def unpad(
+    spec: TensorSpec, dim: int, size: int, name: str, rank: int
+) -> tuple[TensorSpec, torch.Tensor | None]:
+    """The first ``size`` indices of padded dim ``dim`` are the logical tensor; the rest is padding.
+
+    Returns the logical spec and this rank's local padding view (None when it holds none). A plain
+    ``Shard(dim)`` over W ranks of a padded extent divisible by W becomes ``Shard(dim, sizes=…)``.
+    """
+    shape = tuple(spec.meta.shape)
+    padded = shape[dim]
+    if not 0 <= size <= padded:
+        raise FormatError(f"{spec.meta.name}: {size} real indices out of a padded dim of {padded}")
+    cutting = _cutting(spec.layout, dim)
+    coord = _coord(spec.layout, rank)
+    placements = list(spec.layout.placements)
+    if not cutting:
+        keep = size
+    elif len(cutting) == 1 and not (cutting[0][1].stride != 1 or cutting[0][1].components):
+        m, shard = cutting[0]
+        width = spec.layout.mesh.shape[m]
+        held = shard.sizes or tuple(b - a for a, b in (chunk_bounds(padded, width, i) for i in range(width)))
+        starts = [sum(held[:i]) for i in range(width)]
+        real = tuple(max(0, min(n, size - s)) for n, s in zip(held, starts, strict=True))
+        placements[m] = Shard(dim, sizes=real)
+        keep = real[coord[m]] if coord is not None else 0
+    else:
+        raise FormatError(f"{spec.meta.name}: cannot drop the padding of dim {dim} sharded as {spec.layout}")
+    meta = TensorMeta(name, shape[:dim] + (size,) + shape[dim + 1 :], spec.meta.dtype)
+    layout = Layout(spec.layout.mesh, tuple(placements))
+    if spec.tensor is None:
+        return TensorSpec(meta, layout, None), None
+    local = _local(spec, name)
+    pad = local.narrow(dim, keep, local.shape[dim] - keep)
+    return TensorSpec(meta, layout, local.narrow(dim, 0, keep)), (pad if pad.numel() else None)
+
+
+def _local(spec: TensorSpec, name: str) -> torch.Tensor:
+    if not isinstance(spec.tensor, torch.Tensor):
+        raise FormatError(f"{name}: the local tensor of {spec.meta.name} is a {type(spec.tensor).__name__}")
+    return spec.tensor
+
+
+def _cutting(layout: Layout, dim: int) -> list[tuple[int, Shard]]:
+    """``(mesh dim, placement)`` of every mesh dim that shards tensor dim ``dim``."""
+    return [(m, p) for m, p in enumerate(layout.placements) if isinstance(p, Shard) and p.dim == dim]
+
+
+def _cutting_coords(layout: Layout, dim: int):
+    """One mesh coordinate per combination of the mesh dims sharding ``dim`` (others at 0)."""
+    cutting = [m for m, _ in _cutting(layout, dim)]
+    for sub in product(*(range(layout.mesh.shape[m]) for m in cutting)):
+        coord = [0] * len(layout.mesh.shape)
+        for m, c in zip(cutting, sub, strict=True):
+            coord[m] = c
+        yield tuple(coord)
+
+
+def _coord(layout: Layout, rank: int) -> tuple[int, ...] | None:
+    return layout.mesh.coord_of(rank)
+
+
+def _merged(intervals) -> tuple[tuple[int, int], ...]:
+    out: list[tuple[int, int]] = []
+    for a, b in intervals:
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return tuple(out)

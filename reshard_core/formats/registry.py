@@ -1,0 +1,76 @@
+"""Finding a model's format: given by the caller, declared on the model, or detected.
+
+Formats come from the ``reshard_formats`` hook (plugins first, the built-in ones last), so a
+third-party format is found by name and detected before the built-ins.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import PluginError
+from ..plugins import get_plugin_manager
+from .base import ModelFormat
+
+FORMAT_ATTR = "_reshard_format"
+
+
+def available_formats() -> list[ModelFormat]:
+    """Every registered format, in detection order (plugins first); names are unique."""
+    found: dict[str, ModelFormat] = {}
+    for result in get_plugin_manager().hook.reshard_formats():
+        for fmt in result or ():
+            if not isinstance(fmt, ModelFormat) or not fmt.name:
+                raise PluginError(f"reshard_formats returned {fmt!r}, not a named reshard_core.ModelFormat")
+            found.setdefault(fmt.name, fmt)
+    return list(found.values())
+
+
+def format_named(name: str) -> ModelFormat:
+    """The registered format called ``name``; ``PluginError`` listing the known ones otherwise."""
+    formats = available_formats()
+    for fmt in formats:
+        if fmt.name == name:
+            return fmt
+    known = ", ".join(sorted(f.name for f in formats))
+    raise PluginError(f"unknown model format {name!r}; known formats: {known}")
+
+
+def declare_format(model: Any, fmt: ModelFormat | str) -> Any:
+    """Declare that ``model`` (e.g. a custom engine's module) is in format ``fmt``; return it."""
+    if not isinstance(fmt, ModelFormat):
+        fmt = format_named(fmt)
+    for module in _modules(model):
+        setattr(module, FORMAT_ATTR, fmt)
+    return model
+
+
+def resolve_format(model: Any, given: ModelFormat | str | None) -> ModelFormat | None:
+    """The format of ``model``: ``given`` (an instance or a name), else one declared on the model,
+    else the first registered format that detects it, else None (same-format refits need none)."""
+    if isinstance(given, ModelFormat):
+        return given
+    if given is not None:
+        return format_named(given)
+    modules = _modules(model)
+    if not modules:
+        return None
+    declared = getattr(modules[0], FORMAT_ATTR, None)
+    if declared is not None:
+        return declared
+    for fmt in available_formats():
+        if fmt.detect(modules[0]):
+            return fmt
+    return None
+
+
+def _modules(model: Any) -> list[Any]:
+    """The model's root modules (pipeline chunks), wrappers such as DDP's ``.module`` removed."""
+    if model is None:
+        return []
+    out = []
+    for m in model if isinstance(model, (list, tuple)) else [model]:
+        while type(m).__name__ in ("DistributedDataParallel", "Float16Module") and hasattr(m, "module"):
+            m = m.module
+        out.append(m)
+    return out
