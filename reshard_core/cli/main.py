@@ -19,6 +19,7 @@ OPTIONAL_COMMAND_MODULES = (
     "reshard_core.cli.plan_cmd",
     "reshard_core.cli.demo_cmd",
     "reshard_core.cli.bench_cmd",
+    "reshard_core.cli.formats_cmd",
 )
 """Command modules added as they are written; each exposes ``register(app: typer.Typer) -> None``."""
 

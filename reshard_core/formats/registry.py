@@ -17,12 +17,28 @@ FORMAT_ATTR = "_reshard_format"
 
 def available_formats() -> list[ModelFormat]:
     """Every registered format, in detection order (plugins first); names are unique."""
-    found: dict[str, ModelFormat] = {}
-    for result in get_plugin_manager().hook.reshard_formats():
+    return [fmt for fmt, _ in format_providers()]
+
+
+def format_providers() -> list[tuple[ModelFormat, str]]:
+    """``(format, plugin name)`` in detection order; the first format of a name wins.
+
+    A plugin whose ``reshard_formats`` raises or returns something else than named formats is a
+    ``PluginError`` naming the plugin.
+    """
+    found: dict[str, tuple[ModelFormat, str]] = {}
+    for impl in reversed(get_plugin_manager().hook.reshard_formats.get_hookimpls()):
+        try:
+            result = impl.function()
+        except Exception as exc:
+            raise PluginError(f"plugin '{impl.plugin_name}': reshard_formats failed: {exc}") from exc
         for fmt in result or ():
             if not isinstance(fmt, ModelFormat) or not fmt.name:
-                raise PluginError(f"reshard_formats returned {fmt!r}, not a named reshard_core.ModelFormat")
-            found.setdefault(fmt.name, fmt)
+                raise PluginError(
+                    f"plugin '{impl.plugin_name}': reshard_formats returned {fmt!r}, "
+                    "not a named reshard_core.ModelFormat"
+                )
+            found.setdefault(fmt.name, (fmt, impl.plugin_name))
     return list(found.values())
 
 
