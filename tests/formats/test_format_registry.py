@@ -63,8 +63,11 @@ def test_given_and_declared_formats_win_over_detection():
 def test_transformers_models_are_detected():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=1))  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=16, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config)
     assert resolve_format(model, None).name == "hf"
 
 
@@ -82,7 +85,8 @@ def test_unknown_and_broken_formats_are_named():
     with pytest.raises(PluginError) as info:
         available_formats()
     assert str(info.value) == (
-        "plugin 'broken-formats': reshard_formats returned 'not a format', not a named reshard_core.ModelFormat"
+        "plugin 'broken-formats': reshard_formats returned 'not a format', "
+        "not a named reshard_core.ModelFormat"
     )
 
 
