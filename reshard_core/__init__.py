@@ -30,6 +30,7 @@ _EXPORTS = {
     "PlanError": "errors",
     "TransportError": "errors",
     "PluginError": "errors",
+    "FormatError": "errors",
     # extension points
     "CopyService": "transport.copy_service",
     "ReshardTransform": "transform",
@@ -42,6 +43,12 @@ _EXPORTS = {
     "extract_specs": "extract",
     "ExtractContext": "extract",
     "ExtractError": "extract",
+    # model formats (refits across naming, fusing and padding conventions)
+    "ModelFormat": "formats",
+    "FormatSpecs": "formats",
+    "CanonicalFormat": "formats",
+    "declare_format": "formats",
+    "SplitView": "views",
     # planning (offline and per rank)
     "LayoutTable": "plan.table",
     "TableEntry": "plan.table",
