@@ -2,9 +2,9 @@
 
 ``validate_table(table, ignore=..., tied=...)`` returns the *effective* table the planner uses, or
 raises one ``PlanError`` naming the tensor, the ranks and the region of the first problem (in
-canonical order):
+canonical order; one-sided names are all listed at once):
 
-1. a name on one side only (either side);
+1. names on one side only (either side; every such name is listed, with a count);
 2. source and destination disagree on global shape or dtype;
 3. a layout whose mesh/placements do not fit the shape;
 4. a rank inside two layouts of one side (on the destination: an element written twice);
@@ -86,8 +86,9 @@ def _ranks(layouts) -> list[int]:
 def _check(table: LayoutTable) -> None:
     index = context_for(table).index
     checked: set[int] = set()  # LayoutDims already checked for overlaps (shared by many tensors)
+    _check_one_sided(table.entries)
     for e in table.entries:
-        _check_sides(e)
+        _check_meta(e)
         src = [_layout_dims(index, e, "src", lay) for lay in e.src]
         dst = [_layout_dims(index, e, "dst", lay) for lay in e.dst]
         for side, dims in (("src", src), ("dst", dst)):
@@ -101,17 +102,47 @@ def _check(table: LayoutTable) -> None:
             _raise_hole(e, src, dst)
 
 
-def _check_sides(e: TableEntry) -> None:
-    if not e.dst:
-        raise PlanError(
+def _check_one_sided(entries: Sequence[TableEntry]) -> None:
+    """One ``PlanError`` naming every tensor held on one side only (all of them, counted)."""
+    src_only = [e for e in entries if not e.dst]
+    dst_only = [e for e in entries if not e.src and e.dst]
+    parts = []
+    if len(src_only) == 1:
+        e = src_only[0]
+        parts.append(
             f"{e.name}: on the source only (ranks {format_ranks(_ranks(e.src))}), no destination "
             f"holds it; pass ignore=[{e.name!r}] to leave it out"
         )
-    if not e.src:
-        raise PlanError(
+    elif src_only:
+        parts.append(f"{_listed(src_only, 'src')}; pass ignore= with their names to leave them out")
+    if len(dst_only) == 1:
+        e = dst_only[0]
+        parts.append(
             f"{e.name}: on the destination only (ranks {format_ranks(_ranks(e.dst))}), no source holds "
             f"it; pass ignore=[{e.name!r}] to leave it out, or tied= to feed it from another tensor"
         )
+    elif dst_only:
+        parts.append(
+            f"{_listed(dst_only, 'dst')}; pass ignore= with their names to leave them out, "
+            "or tied= to feed them from other tensors"
+        )
+    if parts:
+        raise PlanError("; ".join(parts))
+
+
+def _listed(entries: Sequence[TableEntry], side: str) -> str:
+    """``"3 tensors on the source only (ranks [0-3]), no destination holds them: a, b, c"``; the
+    ranks go after each name when they differ between names."""
+    word, other = ("source", "destination") if side == "src" else ("destination", "source")
+    ranks = [format_ranks(_ranks(getattr(e, side))) for e in entries]
+    if len(set(ranks)) == 1:
+        where, names = f" (ranks {ranks[0]})", ", ".join(e.name for e in entries)
+    else:
+        where, names = "", ", ".join(f"{e.name} (ranks {r})" for e, r in zip(entries, ranks, strict=True))
+    return f"{len(entries)} tensors on the {word} only{where}, no {other} holds them: {names}"
+
+
+def _check_meta(e: TableEntry) -> None:
     if e.src_meta is not None:
         tie = f" (tied to {e.src_name})" if e.src_name else ""
         raise PlanError(
