@@ -5,9 +5,10 @@ from __future__ import annotations
 from ..hookspecs import hookimpl
 from .base import CanonicalFormat
 from .transformers import TransformersFormat
+from .vllm import VLLMFormat
 
 
 @hookimpl(trylast=True)
 def reshard_formats():
     """Megatron-Core, transformers (in memory), the vLLM/SGLang convention, HF checkpoint names."""
-    return [TransformersFormat(), CanonicalFormat()]
+    return [TransformersFormat(), VLLMFormat(), CanonicalFormat()]
