@@ -335,9 +335,6 @@ def _build(src: Model, dst: Model, sides: tuple, options: _Options, choice: Form
     except ReshardError as exc:
         problems.errors.append(str(exc))
     raise_if_any(problems, group)
-    with torch.no_grad():
-        for pad in padding:  # zero-filled once: no source element ever lands there
-            pad.zero_()
     transforms = _transforms(dst, dst_specs, o.transform)
     seconds["extract"] = time.perf_counter() - t
 
@@ -355,6 +352,9 @@ def _build(src: Model, dst: Model, sides: tuple, options: _Options, choice: Form
         group=_group_key(group),
     )
     seconds["plan"] = time.perf_counter() - t
+    with torch.no_grad():  # once the plan is valid: a refused refit leaves the destination untouched
+        for pad in padding:  # zero-filled once: no source element ever lands there
+            pad.zero_()
     return Session(
         plan=plan,
         src_tensors=_tensors(src_specs),
