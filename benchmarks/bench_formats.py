@@ -66,6 +66,7 @@ def _hf_fsdp(config, dtype: torch.dtype):
 
 def _megatron_tp2(config, dtype: torch.dtype):
     from reshard_core.formats.megatron import MegatronFormat
+
     from reshard_core.testing.models import build_gpt, build_pg_collection, init_megatron
 
     init_megatron()
@@ -169,10 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(rows, indent=2, sort_keys=True))
         return 0
-    print(f"reshard bench_formats: {WORLD} processes, gloo, bf16, hidden {args.hidden}, {args.layers} layers, "
-          f"median of {args.reps} warm refits")  # fmt: skip
     print(
-        f"{'case':28} {'mapped s':>9} {'control s':>9} {'ratio':>6} {'sent MB':>8} {'local MB':>8} {'verified':>9}"
+        f"reshard bench_formats: {WORLD} processes, gloo, bf16, hidden {args.hidden}, "
+        f"{args.layers} layers, median of {args.reps} warm refits"
+    )
+    print(
+        f"{'case':28} {'mapped s':>9} {'control s':>9} {'ratio':>6} "
+        f"{'sent MB':>8} {'local MB':>8} {'verified':>9}"
     )
     for case, r in rows.items():
         same = r["sent"][0] == r["sent"][1] and r["local"][0] == r["local"][1]
