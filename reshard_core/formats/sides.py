@@ -22,6 +22,7 @@ from ..extract import ExtractContext
 from ..plan.describe import format_ranks
 from ..specs import TensorSpec
 from .base import CanonicalFormat, ModelFormat
+from .coverage import coverage_problems
 from .registry import available_formats
 
 LOGICAL_TIES = {"lm_head.weight": "model.embed_tokens.weight"}
@@ -92,9 +93,10 @@ def logical_side(
 ) -> tuple[list[TensorSpec], list[torch.Tensor]]:
     """This rank's logical specs of ``model`` by ``fmt`` and its padding views (destination only).
 
-    Unmapped physical tensors (unless ``ignore`` matches them), a logical tensor given twice and a
-    local piece that does not fit its layout are recorded in ``problems``, not raised: every rank
-    raises them together.
+    Unmapped physical tensors (unless ``ignore`` matches them), logical tensors given twice (all
+    listed), a local piece that does not fit its layout, and destination parameters the format's
+    views and padding do not cover exactly once (``coverage``) are recorded in ``problems``, not
+    raised: every rank raises them together.
     """
     result = fmt.logical_specs(model, side, context)
     ignore = (ignore,) if isinstance(ignore, str) else tuple(ignore)
@@ -102,10 +104,11 @@ def logical_side(
     if unmapped:
         problems.unmapped[(side, fmt.name)] = unmapped
     seen: set[str] = set()
+    twice: list[str] = []
     for spec in result.specs:
         name = spec.meta.name
-        if name in seen:
-            problems.errors.append(f"format '{fmt.name}' gives the {_word(side)} logical tensor {name} twice")
+        if name in seen and name not in twice:
+            twice.append(name)
         seen.add(name)
         expected = spec.layout.local_shape(tuple(spec.meta.shape), context.rank)
         if spec.tensor is not None and tuple(spec.tensor.shape) != expected:
@@ -113,6 +116,14 @@ def logical_side(
                 f"format '{fmt.name}': {_word(side)} logical tensor {name} is held as "
                 f"{tuple(spec.tensor.shape)}, its layout {spec.layout} gives {expected}"
             )
+    if len(twice) == 1:
+        problems.errors.append(f"format '{fmt.name}' gives the {_word(side)} logical tensor {twice[0]} twice")
+    elif twice:
+        problems.errors.append(
+            f"format '{fmt.name}' gives {len(twice)} {_word(side)} logical tensors twice: {', '.join(twice)}"
+        )
+    if side == "dst":
+        problems.errors += coverage_problems(model, result.specs, result.padding, fmt.name)
     return result.specs, (result.padding if side == "dst" else [])
 
 
