@@ -256,9 +256,9 @@ class _Builder:
         self.param(name, shape)
         self.add(name, shape, self.replicated(), name, ())
 
-    def divided(self, what: str, n: int, by: int) -> int:
+    def divided(self, what: str, n: int, by: int, by_what: str = "the TP size") -> int:
         if n % by:
-            raise FormatError(f"format 'vllm': {what} ({n}) is not divisible by {by}")
+            raise FormatError(f"format 'vllm': {what} ({n}) is not divisible by {by_what} ({by})")
         return n // by
 
     # ------------------------------------------------------------------ the model
@@ -301,7 +301,7 @@ class _Builder:
         if t <= c.kv_heads:
             kv, kv_layout = self.divided("num_key_value_heads", c.kv_heads, t), self.dense(Shard(0))
         else:
-            self.divided(f"the TP size over num_key_value_heads ({c.kv_heads})", t, c.kv_heads)
+            self.divided("the TP size", t, c.kv_heads, "num_key_value_heads")
             kv, kv_layout = 1, self.kv_replicated(c.kv_heads)
         rows = {"q_proj": (0, q * h), "k_proj": (q * h, kv * h), "v_proj": ((q + kv) * h, kv * h)}
         full = {"q_proj": c.heads * h, "k_proj": c.kv_heads * h, "v_proj": c.kv_heads * h}
@@ -355,7 +355,7 @@ class _Builder:
                 for k, e in enumerate(experts):
                     self.expert(p, e, layout, layout, (("select", 0, k),), c.moe_inter, shapes)
             return
-        il = self.divided("moe_intermediate_size", c.moe_inter, len(par.ranks))
+        il = self.divided("moe_intermediate_size", c.moe_inter, len(par.ranks), "DP × TP")
         self.param(w13, (c.experts, 2 * il, c.hidden))
         self.param(w2, (c.experts, c.hidden, il))
         rows, cols = self.flat_layout(Shard(0)), self.flat_layout(Shard(1))
