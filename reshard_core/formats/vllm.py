@@ -462,8 +462,9 @@ class VLLMFormat(ModelFormat):
         """Views of this rank's parameters as logical tensors, and the vocab padding rows.
 
         Raises ``FormatError`` naming every parameter the config and parallel description imply
-        that the model lacks or holds with another local shape. Parameters the convention does
-        not know are returned as ``unmapped``.
+        that the model lacks or holds with another local shape. Parameters and floating-point
+        buffers the convention does not know are returned as ``unmapped``; integer buffers (vLLM's
+        expert maps) are no weights and are left alone.
         """
         if isinstance(model, (list, tuple)):
             if len(model) != 1:
@@ -472,6 +473,8 @@ class VLLMFormat(ModelFormat):
         table = _table(getattr(model, "config", None), parallel_of(model), context.rank)
         params = {}
         for qualname, tensor, _ in iter_tensors(model):
+            if not isinstance(tensor, torch.nn.Parameter) and not tensor.is_floating_point():
+                continue  # an index buffer (FusedMoE's expert map), not a weight
             name = strip_wrappers(qualname)
             params[name.replace(_ROUTED, ".experts.") if _ROUTED in name else name] = (qualname, tensor)
         _check_params(table, params, context.rank)

@@ -326,3 +326,10 @@ def test_a_logical_tensor_that_is_no_view_of_the_model_is_named():
     fine = TensorSpec(spec.meta, spec.layout, model.weight.detach()[:, :3])
     pad = model.weight.detach()[:, 3:]
     assert coverage_problems(model, [fine], [pad], "mine") == []
+
+
+def test_index_buffers_are_left_alone_and_unknown_weights_are_unmapped():
+    model = VLLMStandInForCausalLM(llama(num_hidden_layers=1), VLLMParallel.of((0,)), 0)
+    model.model.layers[0].mlp.register_buffer("_expert_map", torch.arange(4, dtype=torch.int32))
+    model.model.layers[0].mlp.register_buffer("scale", torch.ones(4))
+    assert _specs(model).unmapped == ["model.layers.0.mlp.scale"]
