@@ -208,38 +208,46 @@ class _Builder:
     def __init__(self, dims: _Dims, par: VLLMParallel, rank: int | None) -> None:
         self.c, self.par, self.rank = dims, par, rank
         self.table = _Table()
-        self.tp_rank: int | None = None
-        self.flat: int | None = None
+        self.flat: int | None = None  # this rank's index in ``par.ranks``
         if rank is not None:
             if rank not in par.ranks:
                 raise FormatError(f"format 'vllm': rank {rank} is not in the parallel description {par}")
             self.flat = par.ranks.index(rank)
-            self.tp_rank = self.flat % par.tp_size
-        single = par.dp_size == 1
-        self.dense_mesh = Mesh(par.tp_groups[0] if single else par.ranks, (par.dp_size, par.tp_size)[single:])
+        self.layouts: dict[tuple, Layout] = {}  # one object per distinct layout: the exchange interns them
 
     # ------------------------------------------------------------------ layouts
 
+    def layout(self, ranks: tuple[int, ...], shape: tuple[int, ...], *placements: Placement) -> Layout:
+        key = (ranks, shape, placements)
+        if key not in self.layouts:
+            self.layouts[key] = Layout(Mesh(ranks, shape), placements)
+        return self.layouts[key]
+
     def dense(self, placement: Placement) -> Layout:
         """``placement`` over the TP group, replicated over DP replicas."""
-        if self.par.dp_size == 1:
-            return Layout(self.dense_mesh, (placement,))
-        return Layout(self.dense_mesh, (Replicate(), placement))
+        par = self.par
+        if par.dp_size == 1:
+            return self.layout(par.tp_groups[0], (par.tp_size,), placement)
+        return self.layout(par.ranks, (par.dp_size, par.tp_size), Replicate(), placement)
 
     def replicated(self) -> Layout:
-        return Layout(Mesh(self.par.ranks, (len(self.par.ranks),)), (Replicate(),))
+        return self.layout(self.par.ranks, (len(self.par.ranks),), Replicate())
 
     def kv_replicated(self, groups: int) -> Layout:
         """kv heads over ``groups`` blocks of ``T/groups`` consecutive TP ranks holding one head each."""
-        r = self.par.tp_size // groups
-        if self.par.dp_size == 1:
-            return Layout(Mesh(self.par.tp_groups[0], (groups, r)), (Shard(0), Replicate()))
-        mesh = Mesh(self.par.ranks, (self.par.dp_size, groups, r))
-        return Layout(mesh, (Replicate(), Shard(0), Replicate()))
+        par = self.par
+        r = par.tp_size // groups
+        if par.dp_size == 1:
+            return self.layout(par.tp_groups[0], (groups, r), Shard(0), Replicate())
+        return self.layout(par.ranks, (par.dp_size, groups, r), Replicate(), Shard(0), Replicate())
 
     def flat_layout(self, placement: Placement) -> Layout:
         """``placement`` over every rank flattened (vLLM's MoE tensor parallelism, ``M = DP × TP``)."""
-        return Layout(Mesh(self.par.ranks, (len(self.par.ranks),)), (placement,))
+        return self.layout(self.par.ranks, (len(self.par.ranks),), placement)
+
+    def owner(self, rank: int) -> Layout:
+        """A whole tensor on one rank (an expert under expert parallelism)."""
+        return self.layout((rank,), (1,), Replicate())
 
     # ------------------------------------------------------------------ table entries
 
@@ -351,7 +359,7 @@ class _Builder:
                 self.param(w13, (len(owned[self.flat]), 2 * c.moe_inter, c.hidden))
                 self.param(w2, (len(owned[self.flat]), c.hidden, c.moe_inter))
             for j, experts in enumerate(owned):
-                layout = Layout(Mesh((par.ranks[j],), (1,)), (Replicate(),))
+                layout = self.owner(par.ranks[j])
                 for k, e in enumerate(experts):
                     self.expert(p, e, layout, layout, (("select", 0, k),), c.moe_inter, shapes)
             return
