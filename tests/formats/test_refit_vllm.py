@@ -8,6 +8,7 @@
 - ``Qwen3MoeForCausalLM`` (6 experts, tied embeddings, layer 1 dense; FSDP2 splits the experts
   2/2/2/0) → EP over 4 ranks ("linear": 2, 2, 1, 1), expert TP over DP2×TP2 (M=4), and EP
   "round_robin" over DP2×TP2.
+- Back: the stand-in (TP4; EP4) → a fresh FSDP2 model, exact, its NaN padding rows never read.
 - A third-party format registered in-process (``register_plugin``): an engine keeping every matrix
   transposed and column-sharded, mapped with ``pieces.permute``, detected, refit exactly from HF.
 - Bad input, each one ``PlanError`` on every rank with the destination untouched: a parameter the
@@ -97,6 +98,34 @@ def _refit_case(src, full, config, groups, rank, **options) -> dict:
         "shapes": {n: tuple(t.shape) for n, t in held.items() if "qkv" in n or "w13" in n or "embed" in n},
         "padding": padding,
         "bytes": (report.bytes_received, report.bytes_local, real_bytes),
+        "formats": _formats(src, dst),
+    }
+
+
+def _reverse_case(full, config, groups, rank, **options) -> dict:
+    """The stand-in holding the oracle's values (padding rows NaN, which must never be read) → a
+    fresh FSDP2 transformers model: every full tensor equals the HF original."""
+    import reshard_core
+
+    src = standin(config, groups, rank, **options)
+    values, _ = expected_vllm(
+        full,
+        config,
+        groups,
+        rank,
+        ep=src.reshard_vllm_parallel.use_ep,
+        placement=src.reshard_vllm_parallel.expert_placement,
+    )
+    with torch.no_grad():
+        for name, p in src.named_parameters():
+            p.copy_(values[name])
+            if "embed_tokens" in name or "lm_head" in name:
+                p[(values[name] == 0).all(dim=1)] = math.nan  # padding rows
+    dst, _ = fsdp_model(config, seed=9)
+    reshard_core.refit(src, dst)
+    got = {n: p.full_tensor() for n, p in dst.named_parameters()}
+    return {
+        "wrong": sorted(n for n in full if not torch.equal(got[n], full[n])),
         "formats": _formats(src, dst),
     }
 
@@ -236,6 +265,7 @@ def _world(rank: int, world: int) -> dict:
         "tp4": _refit_case(src, full, llama, TP4, rank),
         "tp2xdp2": _refit_case(src, full, llama, TP2_DP2, rank),
         "src_rows": src.model.embed_tokens.weight.to_local().shape[0],
+        "reverse": _reverse_case(full, llama, TP4, rank),
     }
     out["bad"] = _bad_cases(src, rank)
     out["plugin"] = _plugin_case(src, full, rank)
@@ -248,6 +278,7 @@ def _world(rank: int, world: int) -> dict:
             src, full, moe, TP2_DP2, rank, enable_expert_parallel=True, expert_placement="round_robin"
         ),
         "src_experts": src.model.layers[0].mlp.experts.gate_up_proj.to_local().shape[0],
+        "reverse": _reverse_case(full, moe, TP4, rank, enable_expert_parallel=True),
     }
     reshard_core.clear_caches()
     dist.barrier()
@@ -295,6 +326,12 @@ def test_fsdp2_qwen3_moe_to_vllm_experts_is_exact(results, case):
         "ep_round_robin": [(2, 24, 32), (2, 24, 32), (1, 24, 32), (1, 24, 32)],
     }
     assert w13 == expected[case]
+
+
+@pytest.mark.parametrize("family", ["llama", "moe"])
+def test_vllm_convention_back_to_fsdp2_is_exact_and_never_reads_padding(results, family):
+    for rank in range(WORLD):
+        assert results[rank][family]["reverse"] == {"wrong": [], "formats": ("vllm", "hf")}
 
 
 def test_a_third_party_format_registered_in_process_refits_exactly(results):
