@@ -63,11 +63,22 @@ def plan_command(
     ] = None,
     all_ranks: Annotated[bool, typer.Option("--all-ranks", help="Plan every rank, however many.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
+    src_format: Annotated[
+        str | None, typer.Option(help="Source model format (megatron, vllm, hf): plan across formats.")
+    ] = None,
+    dst_format: Annotated[str | None, typer.Option(help="Destination model format, same choices.")] = None,
 ) -> None:
-    """Plan a refit offline: per-rank bytes, messages, plan time, metadata size, validity."""
+    """Plan a refit offline: per-rank bytes, messages, plan time, metadata size, validity.
+
+    With ``--src-format``/``--dst-format`` each side is laid out in its own format (Megatron-Core,
+    the vLLM convention, transformers under FSDP2) and planned in the logical (HF checkpoint)
+    space, and the report adds what a gather-first converter would move."""
+    table = None
     try:
         shapes = get_model(model)
         src_par, dst_par = parse_parallel(src), parse_parallel(dst)
+        if src_format or dst_format:
+            table = _format_table(model, src_par, dst_par, src_format, dst_format, dst_offset)
         budget = parse_bytes(max_batch_bytes) if max_batch_bytes is not None else None
         if dst_offset < 0:
             raise ValueError(f"bad --dst-offset {dst_offset}: must be >= 0")
@@ -90,6 +101,7 @@ def plan_command(
                 max_batch_bytes=budget,
                 sample=sample,
                 progress=lambda done, total: bar.update(task, completed=done, total=total),
+                table=table,
             )
     except ValueError as exc:
         print_error(exc)
@@ -97,6 +109,11 @@ def plan_command(
     except ReshardError as exc:
         print_error(exc)
         raise typer.Exit(EXIT_FAILURE) from None
+    if table is not None:
+        from ..simulate.formats import gather_first_bytes
+
+        report.formats = (src_format or "megatron", dst_format or "megatron")
+        report.gather_first_bytes = gather_first_bytes(table)
     if as_json:
         print_json(report.to_dict())
     else:
@@ -105,6 +122,20 @@ def plan_command(
         if not as_json:
             print_error(ReshardError("plan is not valid: " + "; ".join(report.problems[:3])))
         raise typer.Exit(EXIT_FAILURE)
+
+
+def _format_table(model: str, src, dst, src_format: str | None, dst_format: str | None, dst_offset: int):
+    """The logical table of a catalogue model refit across formats (a missing one: megatron)."""
+    from ..catalogue import CONFIGS
+    from ..simulate.formats import format_table
+
+    if model not in CONFIGS:
+        raise ValueError(
+            f"--src-format/--dst-format plan catalogue models only ({', '.join(sorted(CONFIGS))})"
+        )
+    return format_table(
+        CONFIGS[model], src, dst, src_format or "megatron", dst_format or "megatron", dst_offset
+    )
 
 
 def _progress(quiet: bool) -> Progress:
@@ -146,6 +177,18 @@ def _print(report: SimulationReport) -> None:
         ("bytes remote / local", f"{remote} / {local} ({local_share:.0%} local)"),
         ("messages (per peer per batch)", f"{totals['messages_total']}"),
         ("send/receive pairs checked", f"{report.pairs_checked}"),
+        *(
+            [
+                (
+                    f"gather-first converter moves ({report.formats[0]} → {report.formats[1]})",
+                    f"{human(report.gather_first_bytes)} ({report.gather_first_bytes / moved:.1f}× ours)"
+                    if moved
+                    else human(report.gather_first_bytes),
+                )
+            ]
+            if report.formats
+            else []
+        ),
         ("valid", "yes" if report.valid else "NO"),
     ]
     for row in rows:

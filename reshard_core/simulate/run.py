@@ -54,6 +54,9 @@ class SimulationReport:
     pairs_checked: int = 0
     tensors: int = 0
     model_bytes: int = 0
+    formats: tuple[str, str] | None = None
+    gather_first_bytes: int | None = None
+    """Set for a refit across formats: what a gather-first converter would move (``formats``)."""
 
     @property
     def plan_seconds_max(self) -> float:
@@ -91,6 +94,11 @@ class SimulationReport:
             "plan_seconds_mean": self.plan_seconds_mean,
             **self.totals(),
             "pairs_checked": self.pairs_checked,
+            **(
+                {"formats": list(self.formats), "gather_first_bytes": self.gather_first_bytes}
+                if self.formats
+                else {}
+            ),
             "valid": self.valid,
             "problems": self.problems,
             "per_rank": [vars(s) for s in self.planned],
@@ -147,9 +155,14 @@ def simulate(
     sample: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     ranks: Sequence[int] | None = None,
+    table: LayoutTable | None = None,
 ) -> SimulationReport:
-    """Plan and check a refit of ``model`` from ``src`` to ``dst`` (see module docstring)."""
-    table = build_table(model, src, dst, dst_offset)
+    """Plan and check a refit of ``model`` from ``src`` to ``dst`` (see module docstring).
+
+    ``table`` replaces the Megatron-named table ``layouts.build_table`` lays out (a refit across
+    formats: ``formats.format_table``)."""
+    if table is None:
+        table = build_table(model, src, dst, dst_offset)
     world = sorted(set(range(src.world)) | set(range(dst_offset, dst_offset + dst.world)))
     payloads = payloads_from_table(table, world)
     sizes = [len(p) for p in payloads.values()]

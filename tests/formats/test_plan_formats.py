@@ -1,0 +1,71 @@
+"""``reshard plan --src-format/--dst-format``: offline plans across model formats, and what a
+gather-first converter would move for the same pair."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from reshard_core.catalogue import CONFIGS, get_model
+from reshard_core.cli import plan_cmd
+from reshard_core.simulate.formats import format_table, gather_first_bytes
+from reshard_core.simulate.parallel import parse_parallel
+
+
+def app() -> typer.Typer:
+    root = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    plan_cmd.register(root)
+
+    @root.command("noop", hidden=True)
+    def noop() -> None:  # a second command keeps "plan" a subcommand
+        pass
+
+    return root
+
+
+def run(*args: str):
+    return CliRunner().invoke(app(), ["plan", *args])
+
+
+def test_hf_fsdp_to_vllm_moves_each_logical_element_once_and_a_quarter_of_gather_first():
+    result = run(
+        "--model", "llama3-8b", "--src", "fsdp=4", "--dst", "tp=4",
+        "--src-format", "hf", "--dst-format", "vllm", "--json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    model_bytes = get_model("llama3-8b").nbytes
+    assert data["valid"] is True and data["formats"] == ["hf", "vllm"]
+    norms = (2 * 32 + 1) * 4096 * 2  # 65 bf16 RMSNorm weights, held whole by each of the 4 TP ranks
+    assert data["bytes_remote_total"] + data["bytes_local_total"] == model_bytes + 3 * norms
+    assert data["gather_first_bytes"] == 4 * model_bytes  # every TP rank takes every tensor whole
+
+
+def test_kv_replication_and_dp_replicas_in_the_table():
+    config = CONFIGS["llama3-8b"]  # 8 kv heads: TP16 replicates each over 2 ranks
+    table = format_table(config, parse_parallel("fsdp=16"), parse_parallel("tp=16"), "hf", "vllm")
+    k = table["model.layers.0.self_attn.k_proj.weight"]
+    assert [tuple(layout.mesh.shape) for layout in k.dst] == [(8, 2)]
+    embed = table["model.embed_tokens.weight"]
+    assert embed.meta.shape == (128256, 4096)  # logical: vLLM's 64-padding is not in it
+    assert gather_first_bytes(table) == 16 * get_model("llama3-8b").nbytes
+
+
+def test_format_errors_are_one_line():
+    result = run("--model", "llama3-8b", "--src", "tp=2,pp=2", "--dst", "tp=4", "--src-format", "vllm")
+    assert result.exit_code == 2
+    assert "format 'vllm' takes tp, dp and ep only, not tp=2,pp=2" in result.output
+    result = run("--model", "llama3-8b", "--src", "fsdp=4", "--dst", "tp=4", "--src-format", "nope")
+    assert result.exit_code == 2
+    assert "unknown format 'nope' for offline planning; use one of megatron, vllm, hf" in result.output
+
+
+@pytest.mark.parametrize("model", ["llama3-8b"])
+def test_json_shape_files_are_refused_for_formats(tmp_path, model):
+    result = run(
+        "--model", str(tmp_path / "x.json"), "--src", "fsdp=2", "--dst", "tp=2", "--dst-format", "vllm"
+    )
+    assert result.exit_code == 2
