@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..hookspecs import hookimpl
 from .base import CanonicalFormat
+from .megatron import MegatronFormat
 from .transformers import TransformersFormat
 from .vllm import VLLMFormat
 
@@ -11,4 +12,4 @@ from .vllm import VLLMFormat
 @hookimpl(trylast=True)
 def reshard_formats():
     """Megatron-Core, transformers (in memory), the vLLM/SGLang convention, HF checkpoint names."""
-    return [TransformersFormat(), VLLMFormat(), CanonicalFormat()]
+    return [MegatronFormat(), TransformersFormat(), VLLMFormat(), CanonicalFormat()]
