@@ -77,3 +77,8 @@ def __getattr__(name: str):
     value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    """The public API (lazily imported names included) plus what is already loaded."""
+    return sorted(set(globals()) | set(__all__))

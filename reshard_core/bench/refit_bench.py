@@ -278,9 +278,13 @@ def report(opts: BenchOptions, rows: dict[str, dict[str, Any]]) -> dict[str, Any
             if bound > 0:  # no refit that moves these bytes and copies these local bytes is faster
                 entry["speedup_bound"] = megatron["seconds"] / bound
         out_rows.append(entry)
+    from .notes import megatron_skip_reason, spread_warnings
+
     return {
         "options": asdict(opts) | {"model": opts.resolved_model},
         "model_bytes": config.nbytes(DTYPES[opts.dtype]),
         "megatron_core": opts.compare_megatron,
+        "megatron_skipped": megatron_skip_reason(opts.megatron, opts.model, opts.resolved_model),
+        "warnings": spread_warnings(out_rows),
         "rows": out_rows,
     }

@@ -1,27 +1,39 @@
-"""Model shapes for offline planning: a built-in catalogue and JSON shape files."""
+"""Model shapes for offline planning: a built-in catalogue and JSON shape files.
+
+``model_names()`` and ``CONFIGS`` import no torch (so ``reshard --help`` stays fast); the shape
+builders and the JSON loader are imported on first use.
+"""
 
 from __future__ import annotations
 
+import importlib
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .gpt import GPTConfig, MLAConfig, gpt_shapes
+from .configs import GPTConfig, MLAConfig
 from .models import CONFIGS
-from .shapes import KINDS, ModelShapes, ShapeEntry, dump_json, load_json
 
-__all__ = [
-    "CONFIGS",
-    "KINDS",
-    "GPTConfig",
-    "MLAConfig",
-    "ModelShapes",
-    "ShapeEntry",
-    "dump_json",
-    "get_model",
-    "gpt_shapes",
-    "load_json",
-    "model_names",
-]
+if TYPE_CHECKING:
+    from .shapes import ModelShapes
+
+_LAZY = {
+    "gpt_shapes": "gpt",
+    "KINDS": "shapes",
+    "ModelShapes": "shapes",
+    "ShapeEntry": "shapes",
+    "dump_json": "shapes",
+    "load_json": "shapes",
+}
+
+__all__ = ["CONFIGS", "GPTConfig", "MLAConfig", "get_model", "model_names", *_LAZY]
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)
 
 
 def model_names() -> list[str]:
@@ -30,6 +42,8 @@ def model_names() -> list[str]:
 
 @lru_cache(maxsize=8)
 def _builtin(name: str) -> ModelShapes:
+    from .gpt import gpt_shapes
+
     return gpt_shapes(CONFIGS[name])
 
 
@@ -38,5 +52,7 @@ def get_model(name_or_path: str) -> ModelShapes:
     if name_or_path in CONFIGS:
         return _builtin(name_or_path)
     if name_or_path.endswith(".json") or Path(name_or_path).is_file():
+        from .shapes import load_json
+
         return load_json(name_or_path)
     raise ValueError(f"unknown model {name_or_path!r}: use one of {', '.join(model_names())} or a JSON file")

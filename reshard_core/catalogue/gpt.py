@@ -9,42 +9,14 @@ column-parallel, ``linear_proj`` row-parallel).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from .configs import GPTConfig, MLAConfig
 from .shapes import ModelShapes, ShapeEntry
 
+__all__ = ["GPTConfig", "MLAConfig", "gpt_shapes"]
+
 BF16 = torch.bfloat16
-
-
-@dataclass(frozen=True)
-class MLAConfig:
-    q_lora_rank: int
-    kv_lora_rank: int
-    qk_nope_head_dim: int
-    qk_rope_head_dim: int
-    v_head_dim: int
-
-
-@dataclass(frozen=True)
-class GPTConfig:
-    name: str
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    ffn: int
-    vocab: int
-    head_dim: int | None = None  # default hidden // heads
-    qk_norm: bool = False
-    experts: int = 0
-    moe_ffn: int = 0
-    first_dense_layers: int = 0  # layers [0, k) use a dense MLP in a MoE model
-    shared_expert_ffn: int = 0
-    expert_bias: bool = False
-    mla: MLAConfig | None = None
-    tied: bool = False
 
 
 def gpt_shapes(cfg: GPTConfig) -> ModelShapes:
@@ -68,7 +40,7 @@ def gpt_shapes(cfg: GPTConfig) -> ModelShapes:
     out.append(ShapeEntry("decoder.final_layernorm.weight", (h,), BF16, "replicated", cfg.layers))
     if not cfg.tied:
         out.append(ShapeEntry("output_layer.weight", (cfg.vocab, h), BF16, "vocab", cfg.layers))
-    return ModelShapes(cfg.name, tuple(out), cfg.layers)
+    return ModelShapes(cfg.name, tuple(out), cfg.layers, cfg.heads, cfg.kv_heads)
 
 
 def _attention(cfg: GPTConfig, add) -> None:

@@ -6,7 +6,7 @@ catalogue shapes.
 
 from __future__ import annotations
 
-from .gpt import GPTConfig, MLAConfig
+from .configs import GPTConfig, MLAConfig
 
 CONFIGS: dict[str, GPTConfig] = {
     # A small GPT like the one the Megatron extractor tests build on CPU (hidden 64, 4 heads, 2 query

@@ -11,11 +11,12 @@ A shape entry carries what the simulator needs to lay the tensor out like Megatr
 - ``expert``: the global expert index of a per-expert tensor (expert parallelism splits these),
   else None.
 
-JSON form: ``{"name", "num_layers"?, "tensors": [{"name", "shape", "dtype"?, "kind"?, "layer"?,
-"expert"?}]}``. Without ``num_layers`` the highest layer plus one is taken; omitted
+JSON form: ``{"name", "num_layers"?, "num_attention_heads"?, "num_query_groups"?, "tensors":
+[{"name", "shape", "dtype"?, "kind"?, "layer"?, "expert"?}]}`` (or the bare ``tensors`` list).
+Without ``num_layers`` the highest layer plus one is taken; omitted
 ``layer``/``expert`` are read from Megatron-style names (``decoder.layers.L.``,
 ``experts.local_experts.E.`` or grouped ``experts.linear_fc1.weightE``); ``dtype`` defaults to
-``bfloat16`` and ``kind`` to ``replicated``.
+``bfloat16`` and ``kind`` to ``replicated``. Every error names the file (and the entry and key).
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ class ModelShapes:
     name: str
     tensors: tuple[ShapeEntry, ...]
     num_layers: int
+    heads: int | None = None
+    """Attention heads (None: unknown), so a layout whose TP does not divide them can be refused."""
+    kv_groups: int | None = None
+    """Query groups (key/value heads), likewise."""
 
     @cached_property
     def num_experts(self) -> int:
@@ -84,16 +89,49 @@ def infer_expert(name: str) -> int | None:
 
 
 def load_json(path: str | Path) -> ModelShapes:
-    """Read a JSON shape file (see module docstring); ``ValueError`` names the bad entry."""
-    data = json.loads(Path(path).read_text())
-    raw = data["tensors"] if isinstance(data, dict) else data
-    num_layers = data.get("num_layers") if isinstance(data, dict) else None
+    """Read a JSON shape file (see module docstring); ``ValueError`` naming the file, and the entry
+    and key where one is bad or missing."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    try:
+        return _shapes_from(data, path.stem)
+    except _MissingKey as exc:
+        raise ValueError(f"{path}: {exc.where} is missing key {exc.key!r}") from None
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+class _MissingKey(Exception):
+    def __init__(self, where: str, key: str) -> None:
+        super().__init__(where, key)
+        self.where, self.key = where, key
+
+
+def _get(entry: object, key: str, where: str):
+    if not isinstance(entry, dict):
+        raise TypeError(f"{where} must be a JSON object, got {type(entry).__name__}")
+    if key not in entry:
+        raise _MissingKey(where, key)
+    return entry[key]
+
+
+def _shapes_from(data: object, stem: str) -> ModelShapes:
+    raw = _get(data, "tensors", "the top level") if isinstance(data, dict) else data
+    if not isinstance(raw, list):
+        raise TypeError(f"'tensors' must be a list, got {type(raw).__name__}")
+    top = data if isinstance(data, dict) else {}
+    num_layers = top.get("num_layers")
+    names = [_get(t, "name", f"tensors[{i}]") for i, t in enumerate(raw)]
     if num_layers is None:  # one past the highest layer named or given
-        layers = [t["layer"] if "layer" in t else infer_layer(t["name"], -1) for t in raw]
+        layers = [t["layer"] if "layer" in t else infer_layer(n, -1) for t, n in zip(raw, names, strict=True)]
         num_layers = 1 + max([-1, *layers])
     tensors = []
-    for t in raw:
-        name = t["name"]
+    for i, t in enumerate(raw):
+        name = names[i]
+        shape = _get(t, "shape", f"tensors[{i}] ({name})")
         kind = t.get("kind", "replicated")
         if kind not in KINDS:
             raise ValueError(f"{name}: kind {kind!r} is not one of {', '.join(KINDS)}")
@@ -102,9 +140,14 @@ def load_json(path: str | Path) -> ModelShapes:
             raise ValueError(f"{name}: unknown dtype {t.get('dtype')!r}")
         layer = t["layer"] if "layer" in t else infer_layer(name, num_layers)
         expert = t["expert"] if "expert" in t else infer_expert(name)
-        tensors.append(ShapeEntry(name, tuple(int(s) for s in t["shape"]), dtype, kind, layer, expert))
-    name = data.get("name", Path(path).stem) if isinstance(data, dict) else Path(path).stem
-    return ModelShapes(name, tuple(tensors), num_layers)
+        tensors.append(ShapeEntry(name, tuple(int(s) for s in shape), dtype, kind, layer, expert))
+    return ModelShapes(
+        top.get("name", stem),
+        tuple(tensors),
+        num_layers,
+        top.get("num_attention_heads"),
+        top.get("num_query_groups"),
+    )
 
 
 def dump_json(model: ModelShapes) -> str:
@@ -113,6 +156,8 @@ def dump_json(model: ModelShapes) -> str:
         {
             "name": model.name,
             "num_layers": model.num_layers,
+            **({"num_attention_heads": model.heads} if model.heads is not None else {}),
+            **({"num_query_groups": model.kv_groups} if model.kv_groups is not None else {}),
             "tensors": [
                 {
                     "name": t.name,

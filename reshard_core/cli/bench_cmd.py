@@ -22,6 +22,7 @@ from .output import (
     optional_bytes,
     print_error,
     print_json,
+    print_warning,
     require_transport,
 )
 
@@ -63,6 +64,7 @@ def bench_command(
         print_error(exc)
         raise typer.Exit(EXIT_USAGE) from None
     report = _run(opts)
+    print_notes(report)
     if as_json:
         print_json(report)
     else:
@@ -73,6 +75,14 @@ def bench_command(
         raise typer.Exit(EXIT_FAILURE)
 
 
+
+
+def print_notes(report: dict[str, Any]) -> None:
+    """On stderr: why Megatron-Core was not compared, and each measurement whose repetitions disagree."""
+    if report.get("megatron_skipped"):
+        print_warning(f"Megatron-Core comparison skipped: {report['megatron_skipped']}")
+    for line in report.get("warnings", ()):
+        print_warning(line)
 
 
 def _run(opts: Any) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich import box
@@ -18,9 +18,11 @@ from rich.table import Table
 
 from ..catalogue import get_model, model_names
 from ..errors import ReshardError
-from ..simulate.parallel import parse_parallel
-from ..simulate.run import SimulationReport, simulate
+from .layouts import check_fits, megatron_text, parse_cli_layout
 from .output import EXIT_FAILURE, EXIT_USAGE, console, print_error, print_json
+
+if TYPE_CHECKING:
+    from ..simulate.run import SimulationReport
 
 FULL_PLAN_LIMIT = 256
 """Plan every rank up to this many; beyond it, a sample plus the busiest candidates."""
@@ -51,7 +53,13 @@ def plan_command(
     model: Annotated[
         str, typer.Option(help=f"Catalogue model ({', '.join(model_names())}) or a JSON shape file.")
     ],
-    src: Annotated[str, typer.Option(help="Source layout, e.g. tp=8,pp=4,ep=8,etp=1,dp=2 or fsdp=64.")],
+    src: Annotated[
+        str,
+        typer.Option(
+            help="Source layout in Megatron's meaning (world = tp·pp·cp·dp·fsdp, ep carved out of dp), "
+            "e.g. tp=8,pp=4,ep=8,etp=1,dp=16 or fsdp=64."
+        ),
+    ],
     dst: Annotated[str, typer.Option(help="Destination layout, same form.")],
     dst_offset: Annotated[
         int, typer.Option(help="First destination rank (0 = colocated with the source).")
@@ -62,6 +70,10 @@ def plan_command(
         typer.Option(help=f"Plan N spread ranks plus the busiest (default: all up to {FULL_PLAN_LIMIT})."),
     ] = None,
     all_ranks: Annotated[bool, typer.Option("--all-ranks", help="Plan every rank, however many.")] = False,
+    allow_uneven: Annotated[
+        bool,
+        typer.Option("--allow-uneven", help="Plan a TP size that does not divide the heads or query groups."),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
     src_format: Annotated[
         str | None, typer.Option(help="Source model format (megatron, vllm, hf): plan across formats.")
@@ -73,15 +85,20 @@ def plan_command(
     With ``--src-format``/``--dst-format`` each side is laid out in its own format (Megatron-Core,
     the vLLM convention, transformers under FSDP2) and planned in the logical (HF checkpoint)
     space, and the report adds what a gather-first converter would move."""
+    from ..simulate.run import simulate  # torch: imported only when a plan is made
+
     table = None
     try:
         shapes = get_model(model)
-        src_par, dst_par = parse_parallel(src), parse_parallel(dst)
+        src_par, dst_par = parse_cli_layout(src), parse_cli_layout(dst)
         if src_format or dst_format:
             table = _format_table(model, src_par, dst_par, src_format, dst_format, dst_offset)
         budget = parse_bytes(max_batch_bytes) if max_batch_bytes is not None else None
         if dst_offset < 0:
             raise ValueError(f"bad --dst-offset {dst_offset}: must be >= 0")
+        if not allow_uneven:
+            check_fits(shapes, src, src_par)
+            check_fits(shapes, dst, dst_par)
     except (ValueError, OSError, KeyError) as exc:
         print_error(exc)
         raise typer.Exit(EXIT_USAGE) from None
@@ -109,6 +126,7 @@ def plan_command(
     except ReshardError as exc:
         print_error(exc)
         raise typer.Exit(EXIT_FAILURE) from None
+    report.src, report.dst = megatron_text(src_par), megatron_text(dst_par)
     if table is not None:
         from ..simulate.formats import gather_first_bytes
 

@@ -5,11 +5,27 @@ both sides' layout table, plans the ranks and checks the plans (``check_plans``)
 applies plans to real tensors in one process (a reference executor for tests).
 """
 
-from .check import CheckReport, check_plans
-from .layouts import build_table
+import importlib
+
 from .parallel import Parallel, parse_parallel
-from .replay import replay
-from .run import RankStats, SimulationReport, simulate
+
+_LAZY = {  # imported on first use: they import torch, ``parallel`` does not
+    "CheckReport": "check",
+    "check_plans": "check",
+    "build_table": "layouts",
+    "replay": "replay",
+    "RankStats": "run",
+    "SimulationReport": "run",
+    "simulate": "run",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)
+
 
 __all__ = [
     "CheckReport",

@@ -97,6 +97,7 @@ def build_gpt(
     tied: bool = False,
     expert_bias: bool = False,
     dtype: torch.dtype = torch.float32,
+    parallel_output: bool = True,
 ):
     """A Megatron-Core ``GPTModel`` (local layer spec, CPU init, ``dtype``) in ``pg_collection``'s layout.
 
@@ -105,7 +106,8 @@ def build_gpt(
     hand, since Megatron's own ``moe_router_enable_expert_bias`` allocates it on CUDA. ``tied``
     shares the output layer with the word embeddings: with PP1 there is no ``output_layer.weight``
     (with PP>1 the last stage holds its own, but Megatron's constructor then needs CUDA). MoE with
-    TP>1 needs ``bias=False`` (Megatron supports MoE bias only with expert TP 1). Returns None when
+    TP>1 needs ``bias=False`` (Megatron supports MoE bias only with expert TP 1).
+    ``parallel_output=False`` gathers the logits over TP (whole vocabulary on every rank). Returns None when
     ``pg_collection`` is None (rank outside the grid).
     """
     if pg_collection is None:
@@ -137,6 +139,7 @@ def build_gpt(
         pre_process=pp_rank == 0,
         post_process=pp_rank == pp - 1,
         share_embeddings_and_output_weights=tied,
+        parallel_output=parallel_output,
         pg_collection=pg_collection,
     )
     if expert_bias and num_moe_experts:

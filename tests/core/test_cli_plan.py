@@ -36,14 +36,16 @@ def run(*args: str):
 
 
 def test_text_report():
-    result = run("--model", "tiny-gpt", "--src", "tp=2,pp=2", "--dst", "tp=4")
+    result = run("--model", "tiny-gpt", "--src", "tp=2,pp=2", "--dst", "tp=2,dp=2")
     assert result.exit_code == 0, result.output
     assert "reshard plan: tiny-gpt" in result.output
     assert "valid" in result.output and "yes" in result.output
 
 
 def test_json_report_has_the_documented_keys():
-    result = run("--model", "tiny-gpt", "--src", "tp=2,ep=2", "--dst", "tp=4", "--dst-offset", "4", "--json")
+    result = run(
+        "--model", "tiny-gpt", "--src", "tp=2,ep=2,dp=2", "--dst", "tp=2,dp=2", "--dst-offset", "4", "--json"
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert KEYS <= data.keys()
@@ -88,7 +90,7 @@ def test_unknown_model_and_bad_byte_size_are_usage_errors():
 
 
 def test_layout_that_does_not_fit_the_model_is_a_usage_error():
-    result = run("--model", "tiny-gpt", "--src", "ep=3", "--dst", "tp=1")
+    result = run("--model", "tiny-gpt", "--src", "ep=3,dp=3", "--dst", "tp=1")
     assert result.exit_code == 2
     assert result.output.strip() == "error: 4 experts do not split evenly over ep=3"
 
@@ -102,3 +104,76 @@ def test_plan_errors_are_one_line_and_exit_1(tmp_path):
         "error: w: source ranks disagree on shape or dtype: shape (4,) bfloat16 on ranks [0] vs "
         "shape (6,) bfloat16 on ranks [0]"
     )
+
+
+def test_layouts_have_megatrons_meaning_ep_is_carved_out_of_dp():
+    result = run("--model", "tiny-gpt", "--src", "tp=2,ep=2,dp=2", "--dst", "tp=1,dp=4", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["ranks"] == 4  # world = tp·pp·cp·dp, not tp·ep·dp
+    assert (data["src"], data["dst"]) == ("tp=2,ep=2,dp=2", "dp=4")
+    result = run("--model", "tiny-gpt", "--src", "ep=2", "--dst", "tp=1")
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        "error: bad layout 'ep=2': ep=2 must divide dp=1 (EP is carved out of data parallelism: "
+        "world = tp·pp·cp·dp)"
+    )
+
+
+def test_expert_tensor_parallel_times_ep_must_divide_the_dense_grid():
+    result = run("--model", "tiny-gpt", "--src", "tp=1,etp=2,ep=2,dp=2", "--dst", "tp=1")
+    assert result.exit_code == 2
+    assert (
+        result.output.strip() == "error: bad layout 'tp=1,etp=2,ep=2,dp=2': etp·ep=4 must divide tp·cp·dp=2"
+    )
+
+
+def test_a_tp_size_that_does_not_divide_heads_or_query_groups_is_refused_unless_allowed():
+    result = run("--model", "tiny-gpt", "--src", "tp=2", "--dst", "tp=4")  # 4 heads, 2 query groups
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        "error: bad layout 'tp=4': tp=4 does not divide the model's 2 query groups "
+        "(--allow-uneven plans it anyway)"
+    )
+    result = run("--model", "llama3-8b", "--src", "tp=3", "--dst", "tp=1", "--sample", "2")
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        "error: bad layout 'tp=3': tp=3 does not divide the model's 32 attention heads "
+        "(--allow-uneven plans it anyway)"
+    )
+    result = run("--model", "tiny-gpt", "--src", "tp=2", "--dst", "tp=4", "--allow-uneven", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["valid"] is True
+
+
+def test_a_json_shape_file_states_heads_for_the_check(tmp_path):
+    shapes = tmp_path / "m.json"
+    shapes.write_text(
+        '{"num_attention_heads": 6, "num_query_groups": 3, '
+        '"tensors": [{"name": "w", "shape": [6, 4], "kind": "column"}]}'
+    )
+    result = run("--model", str(shapes), "--src", "tp=2", "--dst", "tp=3")
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        "error: bad layout 'tp=2': tp=2 does not divide the model's 3 query groups "
+        "(--allow-uneven plans it anyway)"
+    )
+
+
+def test_json_shape_file_errors_name_the_file_and_the_missing_key(tmp_path):
+    cases = {
+        "no_tensors.json": ('{"name": "m"}', "the top level is missing key 'tensors'"),
+        "no_shape.json": ('{"tensors": [{"name": "w"}]}', "tensors[0] (w) is missing key 'shape'"),
+        "no_name.json": ('{"tensors": [{"name": "v", "shape": [2]}, {"shape": [2]}]}',
+                         "tensors[1] is missing key 'name'"),
+        "bad.json": ('{"tensors": [', None),
+    }  # fmt: skip
+    for file_name, (text, message) in cases.items():
+        path = tmp_path / file_name
+        path.write_text(text)
+        result = run("--model", str(path), "--src", "tp=1", "--dst", "tp=1")
+        assert result.exit_code == 2, (file_name, result.output)
+        if message is None:
+            assert result.output.startswith(f"error: {path}: not valid JSON (")
+        else:
+            assert result.output.strip() == f"error: {path}: {message}"

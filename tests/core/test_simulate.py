@@ -102,13 +102,14 @@ def test_json_shapes_round_trip_and_infer_layers_and_experts(tmp_path):
 def test_json_errors_name_the_tensor(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"tensors": [{"name": "w", "shape": [4], "kind": "diagonal"}]}')
-    with pytest.raises(
-        ValueError, match="^w: kind 'diagonal' is not one of replicated, column, row, strided, vocab$"
-    ):
+    with pytest.raises(ValueError) as info:
         load_json(bad)
+    kinds = "replicated, column, row, strided, vocab"
+    assert str(info.value) == f"{bad}: w: kind 'diagonal' is not one of {kinds}"
     bad.write_text('{"tensors": [{"name": "w", "shape": [4], "dtype": "float99"}]}')
-    with pytest.raises(ValueError, match="^w: unknown dtype 'float99'$"):
+    with pytest.raises(ValueError) as info:
         load_json(bad)
+    assert str(info.value) == f"{bad}: w: unknown dtype 'float99'"
 
 
 LAYOUT_PAIRS = [
