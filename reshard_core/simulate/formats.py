@@ -97,6 +97,7 @@ def megatron_config(config: GPTConfig) -> SimpleNamespace:
         kv_channels=config.head_dim or config.hidden // config.heads, hidden_size=config.hidden,
         ffn_hidden_size=config.ffn, gated_linear_unit=True, num_moe_experts=config.experts or None,
         moe_ffn_hidden_size=config.moe_ffn or None, qk_layernorm=config.qk_norm, num_layers=config.layers,
+        share_embeddings_and_output_weights=config.tied,
     )  # fmt: skip
 
 

@@ -69,3 +69,18 @@ def test_json_shape_files_are_refused_for_formats(tmp_path, model):
         "--model", str(tmp_path / "x.json"), "--src", "fsdp=2", "--dst", "tp=2", "--dst-format", "vllm"
     )
     assert result.exit_code == 2
+
+
+def test_megatron_to_vllm_with_kv_replication_beats_gather_first():
+    # Megatron TP2 holds 4 of llama3-70b's 8 query groups per rank; vLLM TP16 replicates each kv
+    # head over 2 ranks (the query-group check of --allow-uneven does not apply to vLLM's side)
+    result = run(
+        "--model", "llama3-70b", "--src", "tp=2", "--dst", "tp=16",
+        "--src-format", "megatron", "--dst-format", "vllm", "--json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["valid"] is True and data["formats"] == ["megatron", "vllm"]
+    moved = data["bytes_remote_total"] + data["bytes_local_total"]
+    assert data["gather_first_bytes"] == 16 * get_model("llama3-70b").nbytes
+    assert data["gather_first_bytes"] > 15 * moved
