@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .errors import ReshardError, TransportError
+from .errors import PlanError, ReshardError, TransportError
 from .exchange import exchange_layouts
 from .exchange.verdict import Problems, raise_if_any
 from .execute.executor import execute_plan
@@ -33,7 +33,7 @@ from .execute.pool import StagingPool
 from .execute.stats import ExecStats
 from .extract import ExtractContext, extract_specs, iter_tensors
 from .formats import ModelFormat, resolve_format
-from .formats.sides import FormatChoice, agreed_formats, format_code, logical_side
+from .formats.sides import FormatChoice, agreed_formats, format_code, logical_hint, logical_side
 from .plan.cache import cached_plan_rank, clear_plan_cache
 from .plan.ops import RankPlan
 from .plugins import get_plugin_manager
@@ -343,14 +343,20 @@ def _build(src: Model, dst: Model, sides: tuple, options: _Options, choice: Form
     seconds["exchange"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    plan, _ = cached_plan_rank(
-        table,
-        dist.get_rank(),
-        max_batch_bytes=o.max_batch_bytes,
-        ignore=o.ignore,
-        tied=choice.ties(o.tied),
-        group=_group_key(group),
-    )
+    try:
+        plan, _ = cached_plan_rank(
+            table,
+            dist.get_rank(),
+            max_batch_bytes=o.max_batch_bytes,
+            ignore=o.ignore,
+            tied=choice.ties(o.tied),
+            group=_group_key(group),
+        )
+    except PlanError as exc:
+        hint = logical_hint(str(exc)) if choice.mapped else ""
+        if not hint:
+            raise
+        raise PlanError(f"{exc}{hint}") from None
     seconds["plan"] = time.perf_counter() - t
     with torch.no_grad():  # once the plan is valid: a refused refit leaves the destination untouched
         for pad in padding:  # zero-filled once: no source element ever lands there

@@ -30,6 +30,21 @@ LOGICAL_TIES = {"lm_head.weight": "model.embed_tokens.weight"}
 without ``lm_head`` ties them (HF checkpoints leave ``lm_head`` out when tied)."""
 
 
+_VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
+
+
+def logical_hint(message: str) -> str:
+    """What to add to a plan error of a refit across formats: logical vocab tensors whose sizes
+    differ are most often a padded vocab whose format was not told the real size ("" otherwise)."""
+    if not (message.startswith(tuple(f"{n}: source" for n in _VOCAB)) and " but destination " in message):
+        return ""
+    return (
+        "; if one side pads its vocab (Megatron pads it to a multiple of make_vocab_size_divisible_by·TP), "
+        "give its format the real size, e.g. src_format=MegatronFormat(vocab_size=V) "
+        "(from reshard_core.formats.megatron)"
+    )
+
+
 def format_code(fmt: ModelFormat | None) -> int:
     """A small non-zero int standing for a format's name (0: no format), for the agreement round."""
     return 0 if fmt is None else (zlib.crc32(fmt.name.encode()) & 0x3FFFFFFF) or 1
