@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import torch
@@ -66,7 +67,6 @@ def _hf_fsdp(config, dtype: torch.dtype):
 
 def _megatron_tp2(config, dtype: torch.dtype):
     from reshard_core.formats.megatron import MegatronFormat
-
     from reshard_core.testing.models import build_gpt, build_pg_collection, init_megatron
 
     init_megatron()
@@ -74,8 +74,11 @@ def _megatron_tp2(config, dtype: torch.dtype):
     model = build_gpt(
         pgs, num_layers=config.num_hidden_layers, hidden_size=config.hidden_size,
         num_attention_heads=HEADS, num_query_groups=KV_HEADS, ffn_hidden_size=config.intermediate_size,
-        vocab_size=-(-config.vocab_size // 256) * 256, max_sequence_length=64, bias=False, dtype=dtype,
+        vocab_size=-(-config.vocab_size // 256) * 256, max_sequence_length=64, bias=False,
+        normalization="RMSNorm", rope=True, dtype=dtype,
     )  # fmt: skip
+    for param in model.parameters():  # Megatron keeps RMSNorm weights in fp32; the engine is all bf16
+        param.data = param.data.to(dtype)
     return model, MegatronFormat(vocab_size=config.vocab_size)
 
 
@@ -159,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     from reshard_core.testing.world import run_world
+
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")  # the workers' import-time library warnings
 
     rows = {}
     for case in args.case or ["hf-fsdp-to-vllm-tp4", "megatron-tp2-to-vllm-tp4"]:

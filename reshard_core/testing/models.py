@@ -98,6 +98,8 @@ def build_gpt(
     expert_bias: bool = False,
     dtype: torch.dtype = torch.float32,
     parallel_output: bool = True,
+    normalization: str = "LayerNorm",
+    rope: bool = False,
 ):
     """A Megatron-Core ``GPTModel`` (local layer spec, CPU init, ``dtype``) in ``pg_collection``'s layout.
 
@@ -107,8 +109,9 @@ def build_gpt(
     shares the output layer with the word embeddings: with PP1 there is no ``output_layer.weight``
     (with PP>1 the last stage holds its own, but Megatron's constructor then needs CUDA). MoE with
     TP>1 needs ``bias=False`` (Megatron supports MoE bias only with expert TP 1).
-    ``parallel_output=False`` gathers the logits over TP (whole vocabulary on every rank). Returns None when
-    ``pg_collection`` is None (rank outside the grid).
+    ``parallel_output=False`` gathers the logits over TP (whole vocabulary on every rank).
+    ``normalization="RMSNorm"`` and ``rope=True`` give a Llama-like model (no norm biases, no learned
+    position embedding). Returns None when ``pg_collection`` is None (rank outside the grid).
     """
     if pg_collection is None:
         return None
@@ -128,12 +131,14 @@ def build_gpt(
         add_bias_linear=bias, use_cpu_initialization=True, tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp, pipeline_dtype=dtype, params_dtype=dtype,
         bf16=dtype == torch.bfloat16, hidden_dropout=0.0, attention_dropout=0.0, init_method=init,
-        output_layer_init_method=init, embedding_init_method=init, **extra,
+        output_layer_init_method=init, embedding_init_method=init, normalization=normalization, **extra,
     )  # fmt: skip
     pp_rank = pg_collection.pp.rank()
     model = GPTModel(
         config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(num_experts=num_moe_experts),
+        transformer_layer_spec=get_gpt_layer_local_spec(
+            num_experts=num_moe_experts, normalization=normalization
+        ),
         vocab_size=vocab_size,
         max_sequence_length=max_sequence_length,
         pre_process=pp_rank == 0,
@@ -141,6 +146,7 @@ def build_gpt(
         share_embeddings_and_output_weights=tied,
         parallel_output=parallel_output,
         pg_collection=pg_collection,
+        position_embedding_type="rope" if rope else "learned_absolute",
     )
     if expert_bias and num_moe_experts:
         for module in model.modules():
@@ -175,8 +181,14 @@ def _set_megatron_values(model: nn.Module, seed: int) -> None:
                 t.copy_(coord_values(t.shape, seed, t.dtype))
             elif t.dim() == 1:  # Megatron zero-fills TP-split biases: give them telling values
                 group = pgs.expt_tp if getattr(t, "allreduce", True) is False else pgs.tp
-                t.copy_(_megatron_shard(coord_values((t.numel() * group.size(),), seed, t.dtype),
-                                        group.size(), group.rank(), getattr(t, "partition_stride", 1)))
+                t.copy_(
+                    _megatron_shard(
+                        coord_values((t.numel() * group.size(),), seed, t.dtype),
+                        group.size(),
+                        group.rank(),
+                        getattr(t, "partition_stride", 1),
+                    )
+                )
             t.add_(salt(keys[id(t)]))
 
 
