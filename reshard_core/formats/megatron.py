@@ -111,17 +111,17 @@ class MegatronConfig:
     @classmethod
     def of(cls, config: Any, *, vocab_size: int | None = None, tied: bool | None = None) -> MegatronConfig:
         """From a ``TransformerConfig`` (or anything with its field names, or a ``MegatronConfig``);
-        ``vocab_size`` and ``tied`` override. ``FormatError`` for a model this mapping cannot express
-        as views (zero-centred norm weights, an attention output gate) or inconsistent heads."""
+        ``vocab_size`` and ``tied`` override. ``FormatError`` for an attention output gate (not
+        mapped) or inconsistent heads. Norm weights move as stored: with
+        ``layernorm_zero_centered_gamma`` the other side must store ``w − 1`` too (Gemma, Qwen3-Next)."""
         if isinstance(config, MegatronConfig):
             base = config
         else:
-            for flag, why in (
-                ("layernorm_zero_centered_gamma", "stores norm weights minus one"),
-                ("attention_output_gate", "interleaves a gate into each query head"),
-            ):
-                if getattr(config, flag, False):
-                    raise FormatError(f"format 'megatron': {flag}=True {why}; no HF tensor is a view of it")
+            if getattr(config, "attention_output_gate", False):
+                raise FormatError(
+                    "format 'megatron': attention_output_gate=True puts each query group's gates after its "
+                    "query heads, where HF's q_proj interleaves them per head; not mapped"
+                )
             heads = int(config.num_attention_heads)
             kv = getattr(config, "kv_channels", None) or int(config.hidden_size) // heads
             layers = getattr(config, "num_layers", None)

@@ -281,8 +281,8 @@ def test_config_from_a_transformer_config_and_refusals():
         MegatronConfig.of(SimpleNamespace(num_attention_heads=8, num_query_groups=2, kv_channels=8,
                                           attention_output_gate=True))  # fmt: skip
     assert str(info.value) == (
-        "format 'megatron': attention_output_gate=True interleaves a gate into each query head; "
-        "no HF tensor is a view of it"
+        "format 'megatron': attention_output_gate=True puts each query group's gates after its query heads, "
+        "where HF's q_proj interleaves them per head; not mapped"
     )
     with pytest.raises(FormatError, match="num_attention_heads=6 is not a multiple of num_query_groups=4"):
         MegatronConfig.of(SimpleNamespace(num_attention_heads=6, num_query_groups=4, kv_channels=8))
