@@ -12,6 +12,8 @@ independent converter written from formats.md); every HF model is a real transfo
   embedding) → tied Llama, and back, with ``refit(src, dst)`` alone (formats detected).
 - MoE: Megatron EP2 (SequentialMLP experts, router, q/k layernorm) → ``Qwen3MoeForCausalLM`` and
   Qwen3-MoE → Megatron TP2×EP2, formats detected; HF logits against Megatron EP2's forward.
+- a TP2 model with one multi-token-prediction layer maps every parameter, the MTP layer under
+  DeepSeek-V3's names (``model.layers.2.{enorm,hnorm,eh_proj,shared_head.norm}``, ``self_attn``, ...).
 - the errors a user meets: a padded vocab given to no format (with its hint), and an unmapped
   Megatron parameter (learned position embeddings), raised on every rank.
 
@@ -52,10 +54,11 @@ def _stubs() -> None:
     moe_utils.te_general_gemm = None
 
 
-def build_megatron(tp=1, pp=1, ep=1, *, vocab=128, tied=False, moe=False, rope=True):
-    """A GPTModel in the (tp, pp, ep) layout over the world (collective); parameters uninitialised."""
+def build_megatron(tp=1, pp=1, ep=1, *, vocab=128, tied=False, moe=False, rope=True, mtp=False):
+    """A GPTModel in the (tp, pp, ep) layout over the world (collective); parameters uninitialised.
+    ``mtp`` adds one multi-token-prediction layer."""
     import torch.nn.functional as F
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec, get_gpt_mtp_block_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -74,11 +77,13 @@ def build_megatron(tp=1, pp=1, ep=1, *, vocab=128, tied=False, moe=False, rope=T
         kv_channels=HEAD_DIM, ffn_hidden_size=FFN, gated_linear_unit=True, activation_func=F.silu,
         add_bias_linear=False, normalization="RMSNorm", layernorm_epsilon=1e-6, use_cpu_initialization=True,
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, pipeline_dtype=torch.float32,
-        params_dtype=torch.float32, hidden_dropout=0.0, attention_dropout=0.0, **extra,
+        params_dtype=torch.float32, hidden_dropout=0.0, attention_dropout=0.0,
+        mtp_num_layers=1 if mtp else None, **extra,
     )  # fmt: skip
     spec = get_gpt_layer_local_spec(
         num_experts=EXPERTS if moe else None, normalization="RMSNorm", qk_layernorm=moe
     )
+    mtp_spec = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False) if mtp else None
     cuda = torch.Tensor.cuda
     torch.Tensor.cuda = lambda self, *a, **k: self  # tied PP>1: the constructor all-reduces on "cuda"
     try:
@@ -86,7 +91,7 @@ def build_megatron(tp=1, pp=1, ep=1, *, vocab=128, tied=False, moe=False, rope=T
             config=config, transformer_layer_spec=spec, vocab_size=vocab, max_sequence_length=16,
             pre_process=pgs.pp.rank() == 0, post_process=pgs.pp.rank() == pp - 1,
             share_embeddings_and_output_weights=tied, rotary_base=10000, pg_collection=pgs,
-            position_embedding_type="rope" if rope else "learned_absolute",
+            position_embedding_type="rope" if rope else "learned_absolute", mtp_block_spec=mtp_spec,
         )  # fmt: skip
     finally:
         torch.Tensor.cuda = cuda
@@ -285,6 +290,20 @@ def _moe(rank: int) -> dict:
     return out
 
 
+def _mtp_names(rank: int) -> dict:
+    """The logical names of a TP2 model with one MTP layer (DeepSeek-V3's: layer ``num_layers``)."""
+    from reshard_core.extract import ExtractContext
+    from reshard_core.formats.megatron import MegatronFormat
+
+    model = build_megatron(tp=2, mtp=True)
+    mapped = MegatronFormat().logical_specs(model, "src", ExtractContext.create())
+    return {
+        "names": sorted(s.meta.name for s in mapped.specs),
+        "unmapped": mapped.unmapped,
+        "physical": sorted(n for n, _ in model.named_parameters() if n.startswith("mtp.")),
+    }
+
+
 def _world(rank: int, world: int) -> dict:
     import reshard_core
     from reshard_core.testing.models import init_megatron
@@ -292,6 +311,7 @@ def _world(rank: int, world: int) -> dict:
     _stubs()
     init_megatron()
     out = {"padded_untied": _padded_untied(rank), "tied_pipeline": _tied_pipeline(rank), "moe": _moe(rank)}
+    out["mtp"] = _mtp_names(rank)
     reshard_core.clear_caches()
     dist.barrier()
     return out
@@ -340,6 +360,21 @@ def test_megatron_ep2_moe_to_qwen3_moe_and_back_to_tp2_ep2(results):
         facts = out["moe"]
         assert facts["to_hf"] == [] and facts["from_hf"] == []
         assert facts["experts_held"] == ([0, 1] if rank < 2 else [2, 3])
+
+
+def test_mtp_layers_are_named_like_deepseek_v3_layers_after_the_decoder(results):
+    layer = [f"model.layers.2.{n}" for n in (
+        "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
+        "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+        "enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight",
+    )]  # fmt: skip
+    dense = {n for n, _ in llama(128, tied=False).named_parameters()}
+    for out in results:
+        facts = out["mtp"]
+        assert facts["unmapped"] == []
+        assert facts["names"] == sorted(dense | set(layer))
+        assert "mtp.layers.0.transformer_layer.self_attention.linear_qkv.weight" in facts["physical"]
 
 
 def test_a_padded_vocab_without_vocab_size_is_explained(results):
