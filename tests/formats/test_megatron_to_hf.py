@@ -9,7 +9,8 @@ independent converter written from formats.md); every HF model is a real transfo
   ``src_format=MegatronFormat(vocab_size=100)``; HF logits against Megatron TP1 logits. Reverse: HF
   FSDP2 → Megatron TP2 whose parameters held NaN: padding rows zero afterwards.
 - dense, vocab 128, tied: Megatron TP2PP2 (the last stage's ``output_layer`` is a replica of the
-  embedding) → tied Llama, and back, with ``refit(src, dst)`` alone (formats detected).
+  embedding) → tied Llama, and back to Megatron TP1PP2, with ``refit(src, dst)`` alone (formats
+  detected).
 - MoE: Megatron EP2 (SequentialMLP experts, router, q/k layernorm) → ``Qwen3MoeForCausalLM`` and
   Qwen3-MoE → Megatron TP2×EP2, formats detected; HF logits against Megatron EP2's forward.
 - a TP2 model with one multi-token-prediction layer maps every parameter, the MTP layer under
@@ -262,7 +263,7 @@ def _tied_pipeline(rank: int) -> dict:
     _fill(reference, expected_megatron(reference, full, **ATTN, padded_vocab=128, tied=True))
     out["logits"] = _compare(_hf_logits(hf), _megatron_logits(reference))
 
-    back = build_megatron(tp=2, pp=2, tied=True)
+    back = build_megatron(tp=1, pp=2, tied=True)  # TP1: each rank's q_proj is two groups' rows (a SplitView)
     _fill(back, float("nan"))
     reshard_core.refit(hf, back)
     out["from_hf"] = _wrong(back, expected_megatron(back, full, **ATTN, padded_vocab=128, tied=True))
@@ -344,7 +345,7 @@ def test_fsdp2_llama_to_megatron_tp2_zeroes_padding_that_held_nan(results):
         assert out["padded_untied"]["from_fsdp"] == []
 
 
-def test_tied_tp2pp2_to_tied_llama_and_back_with_detected_formats(results):
+def test_tied_tp2pp2_to_tied_llama_and_back_to_tp1pp2_with_detected_formats(results):
     for rank, out in enumerate(results):
         facts = out["tied_pipeline"]
         assert facts["formats"] == ("megatron", "hf")
