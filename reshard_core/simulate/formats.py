@@ -60,6 +60,10 @@ def hf_config(config: GPTConfig) -> SimpleNamespace:
     """The transformers-style config of a catalogue model (what the vLLM convention reads)."""
     if config.mla is not None:
         raise ValueError(f"{config.name}: multi-latent attention has no vLLM/HF mapping here")
+    if config.experts and not config.qk_norm:
+        raise ValueError(
+            f"{config.name}: an MoE model without q/k norms has no vLLM model type here (qwen3_moe)"
+        )
     model_type = "qwen3_moe" if config.experts else ("qwen3" if config.qk_norm else "llama")
     return SimpleNamespace(
         model_type=model_type, vocab_size=config.vocab, hidden_size=config.hidden,
@@ -117,7 +121,7 @@ def _hf(config: GPTConfig, par: Parallel, offset: int) -> list[TensorSpec]:
     ranks = tuple(range(offset, offset + par.world))
     dims = [(n, p) for n, p in ((par.dp, Replicate()), (par.fsdp, Shard(0))) if n > 1] or [(1, Replicate())]
     layout = Layout(Mesh(ranks, tuple(n for n, _ in dims)), tuple(p for _, p in dims))
-    logical = _vllm(config, Parallel(), 0)  # the logical names and shapes, whatever the layout
+    logical = _megatron(config, Parallel(), 0)  # the logical names and shapes, whatever the layout
     return [TensorSpec(s.meta, layout, None) for s in logical]
 
 

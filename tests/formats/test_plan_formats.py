@@ -84,3 +84,14 @@ def test_megatron_to_vllm_with_kv_replication_beats_gather_first():
     moved = data["bytes_remote_total"] + data["bytes_local_total"]
     assert data["gather_first_bytes"] == 16 * get_model("llama3-70b").nbytes
     assert data["gather_first_bytes"] > 15 * moved
+
+
+def test_megatron_moe_to_hf_fsdp_and_a_model_vllm_cannot_hold():
+    result = run(
+        "--model", "tiny-gpt", "--src", "tp=2,dp=2,ep=2", "--dst", "fsdp=4", "--dst-format", "hf", "--json"
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["valid"] is True
+    result = run("--model", "tiny-gpt", "--src", "tp=2,dp=2,ep=2", "--dst", "tp=2", "--dst-format", "vllm")
+    assert result.exit_code == 2
+    assert "tiny-gpt: an MoE model without q/k norms has no vLLM model type here (qwen3_moe)" in result.output
