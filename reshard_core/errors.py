@@ -20,3 +20,7 @@ class PluginError(ReshardError):
 class FormatError(PlanError):
     """A model format cannot map a model's tensors onto logical ones (an unmapped tensor, or a
     layout the mapping does not allow); raised on every rank before data moves."""
+
+
+class LayoutPayloadError(ReshardError):
+    """A layout-exchange payload is malformed (truncated, corrupted, or not made by reshard)."""

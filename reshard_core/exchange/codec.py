@@ -1,7 +1,8 @@
 """The compact, pickle-free encoding of one rank's contribution to the layout table.
 
-A payload is ``MAGIC``, a 4-byte little-endian length of the varint section, the varint section,
-then the UTF-8 string blob. Everything structural is a varint; strings are interned per payload.
+A payload is ``MAGIC``, a 4-byte little-endian length of the varint section, a 4-byte CRC-32 of
+everything after the header, the varint section, then the UTF-8 string blob. Everything structural
+is a varint; strings are interned per payload.
 
 Names are interned as **templates**: the digit runs of a name become holes, so
 ``decoder.layers.7.mlp.experts.local_experts.113.linear_fc1.weight`` is the template
@@ -10,23 +11,33 @@ has a few dozen templates however many layers and experts it has. Meshes are int
 rank lists stored as arithmetic runs ``(start, step, count)``; layouts and (shape, dtype) types are
 interned too, so one record is ``template·2+side``, its numbers, a type id and a layout id.
 
+``decode`` is total: any byte string either decodes to what ``encode`` could have produced or raises
+``LayoutPayloadError``. Every count is bounded by what is left of the payload before anything is
+allocated for it, mesh sizes by the world size, dtypes come from an allow-list of torch's dtypes.
+
 Varint section: ``rank, digest_lo, digest_hi, |strings|, |string|…, |templates|, (string id)…,
 |dtypes|, (string id)…, |meshes|, mesh…, |layouts|, layout…, |types|, type…, |records|, record…``.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import struct
+import zlib
 from dataclasses import dataclass
 
 import torch
 
+from ..errors import LayoutPayloadError
 from ..layout import Layout, Mesh, Replicate, Shard
 from ..specs import TensorMeta
 from . import varint
 
-MAGIC = b"RSL1"
+MAGIC = b"RSL2"
+_HEADER = struct.Struct("<4sII")  # magic, varint section length, CRC-32 of the rest
+MAX_WORLD = 1 << 20
+"""The mesh-size bound ``decode`` uses when it is not given the world size."""
 _DIGITS = re.compile(r"(\d+)")
 _HOLE = "\x00"
 SIDES = ("src", "dst")
@@ -121,8 +132,8 @@ def encode(rank: int, digest: int, records: list[Record]) -> bytes:
     for shape, dtype in types:
         _write_all(head, len(shape), *shape, dtype)
     varint.write(head, len(records))
-    section = bytes(head) + bytes(body)
-    return MAGIC + struct.pack("<I", len(section)) + section + b"".join(blobs)
+    rest = bytes(head) + bytes(body) + b"".join(blobs)
+    return _HEADER.pack(MAGIC, len(head) + len(body), zlib.crc32(rest)) + rest
 
 
 def _write_all(out: bytearray, *values: int) -> None:
@@ -130,60 +141,147 @@ def _write_all(out: bytearray, *values: int) -> None:
         varint.write(out, v)
 
 
-def decode(payload: bytes) -> tuple[int, int, list[Record]]:
-    """``(rank, digest, records)`` of a payload made by ``encode``."""
-    if payload[:4] != MAGIC:
-        raise ValueError("not a reshard layout payload (bad magic)")
-    (size,) = struct.unpack_from("<I", payload, 4)
-    ints = varint.decode_all(payload[8 : 8 + size])
-    blob = payload[8 + size :]
-    pos = 0
+def _dtype_names() -> dict[str, torch.dtype]:
+    """Every dtype torch defines, by its canonical name (``str(dtype)`` without ``torch.``)."""
+    found = {}
+    for value in vars(torch).values():
+        if isinstance(value, torch.dtype):
+            found[str(value).removeprefix("torch.")] = value
+    return found
 
-    def take(n: int = 1) -> list[int]:
-        nonlocal pos
-        pos += n
-        return ints[pos - n : pos]
 
-    rank, lo, hi, n_strings = take(4)
+DTYPES = _dtype_names()
+"""The allow-list a payload's dtype names are looked up in (never ``getattr(torch, name)``)."""
+
+
+class _Reader:
+    """A cursor over the varint section; every count is checked against what is left."""
+
+    def __init__(self, ints: list[int]) -> None:
+        self.ints, self.pos = ints, 0
+
+    def left(self) -> int:
+        return len(self.ints) - self.pos
+
+    def take(self, n: int) -> list[int]:
+        if n > self.left():
+            raise LayoutPayloadError(f"layout payload: truncated ({n} values wanted, {self.left()} left)")
+        self.pos += n
+        return self.ints[self.pos - n : self.pos]
+
+    def one(self) -> int:
+        return self.take(1)[0]
+
+    def count(self, what: str, each: int = 1) -> int:
+        """A count of items that take at least ``each`` values apiece."""
+        n = self.one()
+        if n * each > self.left():
+            raise LayoutPayloadError(f"layout payload: {n} {what} cannot fit in {self.left()} values left")
+        return n
+
+    def index(self, table: list, what: str):
+        i = self.one()
+        if i >= len(table):
+            raise LayoutPayloadError(f"layout payload: {what} id {i} out of range ({len(table)} known)")
+        return table[i]
+
+
+def decode(payload: bytes, world: int | None = None) -> tuple[int, int, list[Record]]:
+    """``(rank, digest, records)`` of a payload made by ``encode``.
+
+    ``world``: the number of global ranks; every rank the payload names must be below it (default
+    ``MAX_WORLD``). Raises ``LayoutPayloadError`` (and nothing else) on any malformed payload.
+    """
+    world = MAX_WORLD if world is None else world
+    payload = bytes(payload)
+    if len(payload) < _HEADER.size:
+        raise LayoutPayloadError(f"layout payload: {len(payload)} bytes is shorter than its header")
+    magic, size, crc = _HEADER.unpack_from(payload)
+    if magic != MAGIC:
+        raise LayoutPayloadError(f"layout payload: bad magic {magic!r} (expected {MAGIC!r})")
+    rest = payload[_HEADER.size :]
+    if zlib.crc32(rest) != crc:
+        raise LayoutPayloadError("layout payload: checksum mismatch (corrupted or truncated)")
+    if size > len(rest):
+        raise LayoutPayloadError(f"layout payload: section of {size} bytes in {len(rest)} bytes")
+    try:
+        ints = varint.decode_all(rest[:size])
+    except ValueError as exc:
+        raise LayoutPayloadError(f"layout payload: {exc}") from None
+    try:
+        return _decode(_Reader(ints), rest[size:], world)
+    except (ValueError, UnicodeDecodeError) as exc:  # from Mesh/Shard/Layout or the string blob
+        raise LayoutPayloadError(f"layout payload: {exc}") from None
+
+
+def _decode(r: _Reader, blob: bytes, world: int) -> tuple[int, int, list[Record]]:
+    rank, lo, hi = r.take(3)
+    if rank >= world:
+        raise LayoutPayloadError(f"layout payload: sender rank {rank} outside a world of {world}")
+    if lo >> 32 or hi >> 32:
+        raise LayoutPayloadError("layout payload: digest words wider than 32 bits")
     strings, at = [], 0
-    for length in take(n_strings):
+    for length in r.take(r.count("strings")):
+        if length > len(blob) - at:
+            raise LayoutPayloadError(f"layout payload: a string of {length} bytes overruns the blob")
         strings.append(blob[at : at + length].decode())
         at += length
-    templates = [strings[i].split(_HOLE) for i in take(take()[0])]
-    dtypes = [getattr(torch, strings[i]) for i in take(take()[0])]
-    meshes = []
-    for _ in range(take()[0]):
-        shape = tuple(take(take()[0]))
-        ranks: list[int] = []
-        for _ in range(take()[0]):
-            start, step, count = take(3)
-            step = varint.unzigzag(step)
-            ranks.extend(start + step * k for k in range(count))
-        meshes.append(Mesh(tuple(ranks), shape))
+    if at != len(blob):
+        raise LayoutPayloadError(f"layout payload: {len(blob) - at} trailing bytes after the strings")
+    templates = [r.index(strings, "string").split(_HOLE) for _ in range(r.count("templates"))]
+    dtypes = []
+    for _ in range(r.count("dtypes")):
+        name = r.index(strings, "string")
+        if name not in DTYPES:
+            raise LayoutPayloadError(f"layout payload: unknown dtype {name!r}")
+        dtypes.append(DTYPES[name])
+    meshes = [_mesh(r, world) for _ in range(r.count("meshes", 2))]
     layouts = []
-    for _ in range(take()[0]):
-        mesh_id, n = take(2)
-        placements = []
-        for _ in range(n):
-            code = take()[0]
-            if code == 0:
-                placements.append(Replicate())
-            else:
-                stride, n_comp = take(2)
-                components = tuple(take(n_comp))
-                placements.append(Shard(code - 1, stride, components, tuple(take(take()[0]))))
-        layouts.append(Layout(meshes[mesh_id], tuple(placements)))
+    for _ in range(r.count("layouts", 2)):
+        mesh = r.index(meshes, "mesh")
+        placements = tuple(_placement(r) for _ in range(r.count("placements")))
+        layouts.append(Layout(mesh, placements))
     types = []
-    for _ in range(take()[0]):
-        shape = tuple(take(take()[0]))
-        types.append((shape, dtypes[take()[0]]))
+    for _ in range(r.count("types", 2)):
+        shape = tuple(r.take(r.count("dims")))
+        types.append((shape, r.index(dtypes, "dtype")))
     records = []
-    for _ in range(take()[0]):
-        head = take()[0]
+    for _ in range(r.count("records", 3)):
+        head = r.one()
+        if head >> 1 >= len(templates):
+            raise LayoutPayloadError(f"layout payload: template id {head >> 1} out of range")
         parts = templates[head >> 1]
-        numbers = take(len(parts) - 1)
+        numbers = r.take(len(parts) - 1)
         name = parts[0] + "".join(f"{n}{p}" for n, p in zip(numbers, parts[1:], strict=True))
-        ty, lay = take(2)
-        shape, dtype = types[ty]
-        records.append(Record(SIDES[head & 1], TensorMeta(name, shape, dtype), layouts[lay]))
+        shape, dtype = r.index(types, "type")
+        records.append(Record(SIDES[head & 1], TensorMeta(name, shape, dtype), r.index(layouts, "layout")))
+    if r.left():
+        raise LayoutPayloadError(f"layout payload: {r.left()} values after the last record")
     return rank, lo | (hi << 32), records
+
+
+def _mesh(r: _Reader, world: int) -> Mesh:
+    shape = tuple(r.take(r.count("mesh dims")))
+    size = math.prod(shape)
+    if size > world:
+        raise LayoutPayloadError(f"layout payload: a mesh of shape {shape} in a world of {world}")
+    ranks: list[int] = []
+    for _ in range(r.count("rank runs", 3)):
+        start, step, count = r.take(3)
+        step = varint.unzigzag(step)
+        last = start + step * max(count - 1, 0)
+        if count > size - len(ranks) or not (0 <= start < world and 0 <= last < world):
+            raise LayoutPayloadError(
+                f"layout payload: a rank run ({start}, {step}, {count}) outside the mesh"
+            )
+        ranks.extend(start + step * k for k in range(count))
+    return Mesh(tuple(ranks), shape)
+
+
+def _placement(r: _Reader) -> Replicate | Shard:
+    code = r.one()
+    if code == 0:
+        return Replicate()
+    stride = r.one()
+    components = tuple(r.take(r.count("components")))
+    return Shard(code - 1, stride, components, tuple(r.take(r.count("sizes"))))

@@ -58,8 +58,9 @@ def exchange_layouts(
     payloads, received, padded = all_gather_bytes(payload, group)
     builder = TableBuilder()
     total = 0
+    world = dist.get_world_size()
     for blob in payloads:
-        sender, digest, recs = decode(blob)
+        sender, digest, recs = decode(blob, world)
         total += digest
         for rec in recs:
             builder.add(rec.side, sender, rec.meta, rec.layout)

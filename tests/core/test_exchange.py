@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import signal
+import struct
+import zlib
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reshard_core.errors import PlanError
+from reshard_core.errors import LayoutPayloadError, PlanError
 from reshard_core.exchange import exchange_layouts
 from reshard_core.exchange.codec import Record, decode, encode, split_name
 from reshard_core.exchange.contribute import contributor, payloads_from_table
@@ -84,6 +88,130 @@ def test_a_record_costs_a_few_bytes_once_templates_are_known():
     ]
     size = len(encode(0, 0, recs))
     assert size < 7 * len(recs)  # template, 3 numbers (one of 2 bytes), type, layout
+
+
+# ---- a total decoder: every malformed payload is one LayoutPayloadError -------------------------
+
+
+def _varints(*values: int) -> bytes:
+    out = bytearray()
+    for v in values:
+        while v >= 0x80:
+            out.append((v & 0x7F) | 0x80)
+            v >>= 7
+        out.append(v)
+    return bytes(out)
+
+
+def _sealed(section: bytes, blob: bytes = b"") -> bytes:
+    """A payload as the wire format defines it: magic, section length, CRC-32 of the rest, rest."""
+    return b"RSL2" + struct.pack("<II", len(section), zlib.crc32(section + blob)) + section + blob
+
+
+HUGE = 2**40
+
+
+@pytest.mark.parametrize(
+    "payload, message",
+    [
+        (
+            _sealed(_varints(0, 0, 0, HUGE)),
+            "layout payload: 1099511627776 strings cannot fit in 0 values left",
+        ),
+        (  # 45 bytes claiming a 2^40-rank mesh
+            _sealed(_varints(0, 0, 0, 0, 0, 0, 1, 1, HUGE, 1, 0, 2, HUGE, 0, 0, 0)),
+            "layout payload: a mesh of shape (1099511627776,) in a world of 1048576",
+        ),
+        (  # ranks 0, -1
+            _sealed(_varints(0, 0, 0, 0, 0, 0, 1, 1, 2, 1, 0, 1, 2, 0, 0, 0)),
+            "layout payload: a rank run (0, -1, 2) outside the mesh",
+        ),
+        (
+            _sealed(_varints(0, 0, 0, 1, 100), b"ab"),
+            "layout payload: a string of 100 bytes overruns the blob",
+        ),
+        (_sealed(_varints(0, 0, 0, 1, 4, 0, 1, 0), b"load"), "layout payload: unknown dtype 'load'"),
+        (_sealed(_varints(0, 0, 0, 1, 2), b"\xff\xfe"), "layout payload: 'utf-8' codec can't decode"),
+        (
+            _sealed(_varints(7, 0, 0, 0, 0, 0, 0, 0, 0, 0)),
+            "layout payload: sender rank 7 outside a world of 4",
+        ),
+        (
+            _sealed(_varints(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5)),
+            "layout payload: 1 values after the last record",
+        ),
+        (_sealed(b"\x80"), "layout payload: truncated varint at the end of the buffer"),
+        (b"RSL2\x00", "layout payload: 5 bytes is shorter than its header"),
+        (b"\x80\x03" + bytes(10), "layout payload: bad magic"),
+    ],
+)
+def test_malformed_payloads_raise_one_error_type_naming_the_fault(payload, message):
+    with pytest.raises(LayoutPayloadError) as err:
+        decode(payload, world=4 if "sender rank" in message else None)
+    assert str(err.value).startswith(message)
+
+
+def test_a_corrupted_byte_fails_the_checksum():
+    good = encode(1, 5, [Record("src", TensorMeta("a.1", (4,), BF16), Layout.replicated((0, 1)))])
+    bad = good[:-1] + bytes([good[-1] ^ 1])
+    with pytest.raises(LayoutPayloadError, match="checksum mismatch"):
+        decode(bad)
+
+
+class _Hung(Exception):
+    pass
+
+
+def _bounded(fn, *args):
+    """``fn(*args)``, interrupted after 20 s (a decoder that loops or allocates without bound)."""
+
+    def stop(*_):
+        raise _Hung("decode did not finish")
+
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, 20)
+    try:
+        return fn(*args)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _decode_or_error(payload: bytes) -> None:
+    """Either a LayoutPayloadError or a result that is itself a valid payload's content."""
+    try:
+        rank, digest, recs = _bounded(decode, payload, 64)
+    except LayoutPayloadError:
+        return
+    assert decode(encode(rank, digest, recs), 64) == (rank, digest, recs)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_random_bytes_never_decode_by_accident(data):
+    _decode_or_error(data)
+    _decode_or_error(b"RSL2" + data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(records(), min_size=1, max_size=4),
+    st.lists(st.tuples(st.integers(0, 10**4), st.integers(0, 255)), min_size=1, max_size=4),
+    st.integers(-3, 3),
+)
+def test_mutated_resealed_payloads_decode_validly_or_raise(recs, edits, resize):
+    """Edits behind a recomputed checksum reach every branch of the decoder."""
+    good = encode(3, 9, recs)
+    (size,) = struct.unpack_from("<I", good, 4)
+    section, blob = bytearray(good[12 : 12 + size]), bytearray(good[12 + size :])
+    for pos, value in edits:
+        target = section if pos % 3 or not blob else blob
+        target[pos % len(target)] = value
+    if resize > 0:
+        section += bytes(resize)
+    elif resize < 0:
+        del section[resize:]
+    _decode_or_error(_sealed(bytes(section), bytes(blob)))
 
 
 # ---- real Gloo world -----------------------------------------------------------------------------
