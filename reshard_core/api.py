@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from .errors import PlanError, ReshardError, TransportError
 from .exchange import exchange_layouts
+from .exchange.options import check_options, option_digests
 from .exchange.verdict import Problems, raise_if_any
 from .execute.executor import execute_plan
 from .execute.memo import ExecMemo
@@ -241,9 +242,12 @@ def _session(src: Model, dst: Model, options: _Options) -> tuple[Session, bool]:
     valid = cached is not None and cached.session.built_for(src, dst, signature)
     formats = (resolve_format(src, options.src_format), resolve_format(dst, options.dst_format))
     codes = (format_code(formats[0]), format_code(formats[1]))
-    everyone_valid, sides, all_codes = _agree(
-        valid, src is not None, dst is not None, codes, options.group, options.timeout
+    o = options
+    digests = option_digests(o.ignore, o.tied, o.max_batch_bytes, o.transport)
+    everyone_valid, sides, all_codes, all_digests = _agree(
+        valid, src is not None, dst is not None, codes, digests, o.group, o.timeout
     )
+    check_options(all_digests)
     if everyone_valid:
         return cached.session, True
     choice = agreed_formats(formats, all_codes, sides)
@@ -481,13 +485,20 @@ def _children(module: torch.nn.Module | None) -> tuple | None:
 
 
 def _agree(
-    valid: bool, has_src: bool, has_dst: bool, codes: tuple[int, int], group, timeout: float | None
-) -> tuple[bool, tuple[tuple[int, ...], tuple[int, ...]], dict[int, tuple[int, int]]]:
+    valid: bool,
+    has_src: bool,
+    has_dst: bool,
+    codes: tuple[int, int],
+    digests: tuple[int, ...],
+    group,
+    timeout: float | None,
+) -> tuple[bool, tuple[tuple[int, ...], tuple[int, ...]], dict[int, tuple[int, int]], dict[int, tuple]]:
     """One tiny all-gather over ``group``: whether the cached session is valid on every rank, which
-    global ranks pass a source and a destination model, and each rank's ``(src, dst)`` format codes
-    (``formats.sides.format_code``). Bounded by ``timeout`` when given."""
+    global ranks pass a source and a destination model, each rank's ``(src, dst)`` format codes
+    (``formats.sides.format_code``) and its option digests (``exchange.options``). Bounded by
+    ``timeout`` when given."""
     device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
-    flags = [int(valid), int(has_src), int(has_dst), *codes]
+    flags = [int(valid), int(has_src), int(has_dst), *codes, *digests]
     mine = torch.tensor(flags, dtype=torch.int32, device=device)
     ranks = _group_ranks(group)
     gathered = torch.empty(len(flags) * len(ranks), dtype=torch.int32, device=device)
@@ -508,7 +519,8 @@ def _agree(
     src_ranks = tuple(r for r, f in zip(ranks, rows, strict=True) if f[1])
     dst_ranks = tuple(r for r, f in zip(ranks, rows, strict=True) if f[2])
     codes_by_rank = {r: (f[3], f[4]) for r, f in zip(ranks, rows, strict=True)}
-    return all(f[0] for f in rows), (src_ranks, dst_ranks), codes_by_rank
+    digests_by_rank = {r: tuple(f[5:]) for r, f in zip(ranks, rows, strict=True)}
+    return all(f[0] for f in rows), (src_ranks, dst_ranks), codes_by_rank, digests_by_rank
 
 
 def _reason(exc: BaseException) -> str:
