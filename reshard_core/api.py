@@ -14,7 +14,6 @@ fast path for a training loop that prepares once and refits after every step.
 
 from __future__ import annotations
 
-import datetime
 import time
 import weakref
 from collections.abc import Sequence
@@ -24,8 +23,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .errors import PlanError, ReshardError, TransportError
-from .exchange import exchange_layouts
+from .errors import PlanError, ReshardError
+from .exchange import bounded, exchange_layouts
 from .exchange.options import check_options, option_digests
 from .exchange.verdict import Problems, raise_if_any
 from .execute.executor import execute_plan
@@ -338,12 +337,12 @@ def _build(src: Model, dst: Model, sides: tuple, options: _Options, choice: Form
         dst_specs, padding = _describe(dst, "dst", group, sides[1], choice, o.ignore, problems)
     except ReshardError as exc:
         problems.errors.append(str(exc))
-    raise_if_any(problems, group)
+    raise_if_any(problems, group, o.timeout)
     transforms = _transforms(dst, dst_specs, o.transform)
     seconds["extract"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    table, exchange_stats = exchange_layouts(src_specs, dst_specs, group=group)
+    table, exchange_stats = exchange_layouts(src_specs, dst_specs, group=group, timeout=o.timeout)
     seconds["exchange"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -503,30 +502,13 @@ def _agree(
     ranks = _group_ranks(group)
     gathered = torch.empty(len(flags) * len(ranks), dtype=torch.int32, device=device)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
-    work = gather(gathered, mine, group=group, async_op=True)
-    try:
-        if timeout is None:
-            work.wait()
-        else:
-            work.wait(datetime.timedelta(seconds=timeout))
-    except Exception as exc:
-        within = f" within {timeout:g} s" if timeout is not None else ""
-        raise TransportError(
-            f"rank {dist.get_rank()}: refit could not start: ranks {list(ranks)} did not all join{within} "
-            f"(one of them failed, exited or is stalled): {_reason(exc)}"
-        ) from exc
+    bounded.wait(gather(gathered, mine, group=group, async_op=True), timeout, group, "refit could not start")
     rows = gathered.view(len(ranks), len(flags)).cpu().tolist()
     src_ranks = tuple(r for r, f in zip(ranks, rows, strict=True) if f[1])
     dst_ranks = tuple(r for r, f in zip(ranks, rows, strict=True) if f[2])
     codes_by_rank = {r: (f[3], f[4]) for r, f in zip(ranks, rows, strict=True)}
     digests_by_rank = {r: tuple(f[5:]) for r, f in zip(ranks, rows, strict=True)}
     return all(f[0] for f in rows), (src_ranks, dst_ranks), codes_by_rank, digests_by_rank
-
-
-def _reason(exc: BaseException) -> str:
-    """The first line of ``exc``'s message, or its type name."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _exec_seconds(stats: ExecStats) -> dict[str, float]:

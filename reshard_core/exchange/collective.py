@@ -19,6 +19,7 @@ from ..errors import PlanError
 from ..plan.describe import format_layout, format_meta
 from ..plan.table import LayoutTable, TableBuilder
 from ..specs import TensorSpec
+from .bounded import wait
 from .codec import decode, encode
 from .contribute import contributor, own_facts, records_of
 from .digest import MOD, expected_total, holding_digest
@@ -45,17 +46,19 @@ def exchange_layouts(
     src_specs: Iterable[TensorSpec] | None,
     dst_specs: Iterable[TensorSpec] | None,
     group: dist.ProcessGroup | None = None,
+    timeout: float | None = None,
 ) -> tuple[LayoutTable, ExchangeStats]:
     """Collective over ``group``: every rank gets the same ``LayoutTable`` of both sides.
 
     Meshes name global ranks. Raises ``PlanError`` on every rank when ranks disagree about a
-    tensor's shape, dtype or layout, naming the tensor and the ranks.
+    tensor's shape, dtype or layout, naming the tensor and the ranks; ``TransportError`` when a
+    rank does not join within ``timeout`` seconds (None: the process group's own timeout).
     """
     rank = dist.get_rank()
     facts = own_facts(src_specs, dst_specs)
     records = records_of(rank, facts)
     payload = encode(rank, holding_digest(facts), records)
-    payloads, received, padded = all_gather_bytes(payload, group)
+    payloads, received, padded = all_gather_bytes(payload, group, timeout)
     builder = TableBuilder()
     total = 0
     world = dist.get_world_size()
@@ -66,7 +69,7 @@ def exchange_layouts(
             builder.add(rec.side, sender, rec.meta, rec.layout)
     table = builder.build()
     if total % MOD != expected_total(table):
-        _raise_disagreement(table, rank, facts, group)
+        _raise_disagreement(table, rank, facts, group, timeout)
     stats = ExchangeStats(
         bytes=received,
         bytes_sent=len(payload) + 8,
@@ -78,14 +81,17 @@ def exchange_layouts(
     return table, stats
 
 
-def all_gather_bytes(payload: bytes, group=None) -> tuple[list[bytes], int, bool]:
-    """Every rank's ``payload``; also the bytes this rank received and whether padding was used."""
+def all_gather_bytes(
+    payload: bytes, group=None, timeout: float | None = None, what: str = "layout exchange"
+) -> tuple[list[bytes], int, bool]:
+    """Every rank's ``payload``; also the bytes this rank received and whether padding was used.
+    Each of its collectives is bounded by ``timeout`` (``bounded.wait``; ``what`` names it)."""
     backend = dist.get_backend(group)
     device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
     world = dist.get_world_size(group)
     size = torch.tensor([len(payload)], dtype=torch.int64, device=device)
     sizes_t = [torch.empty_like(size) for _ in range(world)]
-    dist.all_gather(sizes_t, size, group=group)
+    wait(dist.all_gather(sizes_t, size, group=group, async_op=True), timeout, group, what)
     sizes = [int(s.item()) for s in sizes_t]
     empty = torch.empty(0, dtype=torch.uint8)
     mine = (torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else empty).to(device)
@@ -94,22 +100,23 @@ def all_gather_bytes(payload: bytes, group=None) -> tuple[list[bytes], int, bool
     if uneven:
         try:
             outs = [torch.empty(n, dtype=torch.uint8, device=device) for n in sizes]
-            dist.all_gather(outs, mine, group=group)
+            work = dist.all_gather(outs, mine, group=group, async_op=True)
         except (RuntimeError, ValueError):  # rejected before launch on every rank alike (same sizes)
             uneven = False
     if not uneven:
         mine = torch.nn.functional.pad(mine, (0, width - len(payload)))
         outs = [torch.empty(width, dtype=torch.uint8, device=device) for _ in sizes]
-        dist.all_gather(outs, mine, group=group)
+        work = dist.all_gather(outs, mine, group=group, async_op=True)
+    wait(work, timeout, group, what)
     blobs = [bytes(o[:n].cpu().clone().untyped_storage()) for o, n in zip(outs, sizes, strict=True)]
     received = 8 * world + (sum(sizes) if uneven else width * world)
     return blobs, received, not uneven and len(set(sizes)) > 1
 
 
-def _raise_disagreement(table: LayoutTable, rank: int, facts, group) -> None:
+def _raise_disagreement(table: LayoutTable, rank: int, facts, group, timeout: float | None) -> None:
     """Error path: every rank names its own disagreement; all ranks raise the same message."""
     mine = _local_disagreement(table, rank, facts)
-    texts, _, _ = all_gather_bytes((mine or "").encode(), group)
+    texts, _, _ = all_gather_bytes((mine or "").encode(), group, timeout)
     found = [t.decode() for t in texts if t]
     if not found:
         raise PlanError("layout exchange: rank holding digests do not add up, yet no rank finds a difference")

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch.distributed as dist
-
 from ..errors import PlanError
 from ..plan.describe import format_ranks
+from .bounded import group_ranks
 from .collective import all_gather_bytes
 
 _MAX_LISTED = 12
@@ -35,10 +34,11 @@ class Problems:
         return "\n".join(lines).encode()
 
 
-def raise_if_any(problems: Problems, group=None) -> None:
-    """Collective over ``group``: raise ``PlanError`` on every rank when any rank has a problem."""
-    ranks = dist.get_process_group_ranks(group) if group is not None else range(dist.get_world_size())
-    blobs, _, _ = all_gather_bytes(problems.encode(), group)
+def raise_if_any(problems: Problems, group=None, timeout: float | None = None) -> None:
+    """Collective over ``group``: raise ``PlanError`` on every rank when any rank has a problem
+    (``TransportError`` when a rank does not join within ``timeout`` seconds)."""
+    ranks = group_ranks(group)
+    blobs, _, _ = all_gather_bytes(problems.encode(), group, timeout, "refit could not start")
     unmapped: dict[tuple[str, str], dict[str, list[int]]] = {}
     errors: dict[str, list[int]] = {}
     for rank, blob in zip(ranks, blobs, strict=True):

@@ -39,7 +39,17 @@ def extract_specs(
     origin: dict[str, str] = {}
     for root in _roots(model):
         for qualname, tensor, owner in iter_tensors(root):
-            found = hook(qualname=qualname, tensor=tensor, owner=owner, model=root, side=side, context=ctx)
+            try:
+                found = hook(
+                    qualname=qualname, tensor=tensor, owner=owner, model=root, side=side, context=ctx
+                )
+            except ExtractError:
+                raise
+            except Exception as exc:  # a plugin's bug: one error naming it, raised on every rank
+                raise ExtractError(
+                    f"the reshard_extract_tensor hook of plugin '{_plugin_of(exc, hook)}' raised on {side} "
+                    f"tensor '{qualname}': {type(exc).__name__}: {exc}"
+                ) from exc
             if found is None:
                 raise ExtractError(
                     f"no extractor claimed {side} tensor '{qualname}' of type {type(tensor).__name__}; "
@@ -54,6 +64,16 @@ def extract_specs(
                 origin[spec.meta.name] = qualname
                 specs.append(spec)
     return specs
+
+
+def _plugin_of(exc: BaseException, hook: Any) -> str:
+    """The name of the plugin whose hook implementation ``exc`` was raised in (innermost frame)."""
+    owners = {impl.function.__code__: impl.plugin_name for impl in hook.get_hookimpls()}
+    found, tb = "?", exc.__traceback__
+    while tb is not None:
+        found = owners.get(tb.tb_frame.f_code, found)
+        tb = tb.tb_next
+    return found
 
 
 def iter_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor, torch.nn.Module]]:

@@ -70,7 +70,77 @@ def _case_options_differ(rank: int):
     return text, untouched, after, _exact(rank, dst)
 
 
-CASES = {"options_differ": _case_options_differ}
+class _Flaky:
+    """A plugin (registered on one rank) whose extractor hook fails or stalls on tensor ``b``."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+
+    from reshard_core.hookspecs import hookimpl
+
+    @hookimpl(tryfirst=True)
+    def reshard_extract_tensor(self, qualname, tensor, owner, model, side, context):
+        import time
+
+        from reshard_core.layout import Layout
+        from reshard_core.specs import TensorMeta, TensorSpec
+
+        if qualname != "b":
+            return None
+        if self.how == "raise":
+            raise RuntimeError("flaky extractor")
+        if self.how == "foreign mesh":  # a layout that does not include this rank
+            return [TensorSpec(TensorMeta("b", (8, 4), tensor.dtype), Layout.replicated((0,)), tensor)]
+        time.sleep(TIMEOUT + 3)
+        return None
+
+
+def _with_plugin(rank: int, on_rank: int, how: str):
+    """Refit with the ``_Flaky`` plugin registered on ``on_rank`` only; every rank's outcome."""
+    import reshard_core
+    from reshard_core.plugins import get_plugin_manager
+
+    src, dst = _models(rank)
+    pm = get_plugin_manager()
+    if rank == on_rank:
+        pm.register(_Flaky(how), name=f"flaky-{how.replace(' ', '-')}")
+    try:
+        text = _outcome(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT))
+    finally:
+        if rank == on_rank:
+            pm.unregister(name=f"flaky-{how.replace(' ', '-')}")
+    return text, _untouched(dst)
+
+
+def _case_hook_raises(rank: int):
+    return _with_plugin(rank, 1, "raise")
+
+
+def _case_foreign_mesh(rank: int):
+    return _with_plugin(rank, 2, "foreign mesh")
+
+
+def _case_name_collision(rank: int):
+    import reshard_core
+
+    src, dst = _models(rank)
+    if rank == 1:  # a stale declaration: b now claims a's name
+        reshard_core.declare_layout(dst.b, dim=0, ranks=(1, 2), name="a")
+    return _outcome(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT)), _untouched(dst)
+
+
+def _case_stalled_extractor(rank: int):
+    """Last: rank 0 stalls in its extractor past the timeout; its peers give up and name it."""
+    return _with_plugin(rank, 0, "stall")
+
+
+CASES = {
+    "options_differ": _case_options_differ,
+    "hook_raises": _case_hook_raises,
+    "foreign_mesh": _case_foreign_mesh,
+    "name_collision": _case_name_collision,
+    "stalled_extractor": _case_stalled_extractor,
+}
 
 
 def _world(rank: int, world: int, names: list[str]):
@@ -90,3 +160,32 @@ def test_ranks_passing_different_plan_options_all_fail_naming_the_options_before
         "max_batch_bytes= and transport= (they shape the plan)"
     )
     assert outcomes["options_differ"] == [(want, True, "ok", True)] * 3
+
+
+@pytest.mark.parametrize(
+    "case, text",
+    [
+        (
+            "hook_raises",
+            "PlanError: rank [1]: the reshard_extract_tensor hook of plugin 'flaky-raise' raised on dst "
+            "tensor 'b': RuntimeError: flaky extractor",
+        ),
+        ("foreign_mesh", "PlanError: rank [2]: tensor 'b': rank 2 is not in the mesh (0,) of its layout"),
+        ("name_collision", "PlanError: rank [1]: tensors 'a' and 'b' both resolve to canonical name 'a'"),
+    ],
+)
+def test_a_failure_on_one_rank_before_the_exchange_fails_every_rank_the_same_way(outcomes, case, text):
+    assert outcomes[case] == [(text, True)] * 3
+
+
+def test_a_rank_stalled_before_the_exchange_is_named_by_its_peers_within_the_timeout(outcomes):
+    stalled, *peers = outcomes["stalled_extractor"]
+    assert peers == [
+        (
+            f"TransportError: rank {r}: refit could not start: rank [0] of [0-2] did not join within 5 s "
+            "(failed, exited or stalled): Operation timed out!",
+            True,
+        )
+        for r in (1, 2)
+    ]
+    assert stalled[0].startswith("TransportError: rank 0: layout exchange: ")  # its peers left
