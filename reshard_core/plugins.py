@@ -11,8 +11,13 @@ Contract:
   registered; everything else keeps working. ``RESHARD_STRICT_PLUGINS=1`` turns any such failure
   into a ``PluginError``. ``RESHARD_DISABLE_PLUGINS=a,b`` skips plugins (and transports) by name
   without importing them.
-- Whether a loaded plugin can run here (its optional ``unavailable_reason()``) is asked only when
-  the records are listed (``plugin_records()``), so a Gloo run never probes CUDA or NVSHMEM.
+- Loading imports hook modules only (the built-in one and each plugin's, which must stay light:
+  no torch at import). Whether a plugin can run here is asked only when the records are listed
+  with ``check=True`` (``plugin_records()``'s default, ``reshard plugins list --check``, ``reshard
+  doctor``): that loads each of its transports' entry points (one that fails to import or is not a
+  ``CopyService`` subclass makes the record ``error``) and asks its optional
+  ``unavailable_reason()``, then each transport's. A Gloo run never probes CUDA or NVSHMEM, and a
+  listing without the check reports such records as ``unchecked`` without importing torch.
 """
 
 from __future__ import annotations
@@ -34,16 +39,13 @@ from .errors import PluginError
 
 HOOK_GROUP = "reshard"
 TRANSPORT_GROUP = "reshard.transports"
-BUILTIN_HOOK_MODULES = (
-    "reshard_core.extract.builtin",
-    "reshard_core.plan.builtin",
-    "reshard_core.formats.builtin",
-)
+BUILTIN_HOOK_MODULES = ("reshard_core.builtin_hooks",)
 STRICT_ENV = "RESHARD_STRICT_PLUGINS"
 DISABLE_ENV = "RESHARD_DISABLE_PLUGINS"
 
-Status = Literal["available", "unavailable", "error", "incompatible", "disabled"]
+Status = Literal["available", "unavailable", "unchecked", "error", "incompatible", "disabled"]
 FAILED_STATUSES = frozenset({"error", "incompatible"})
+UNCHECKED_REASON = "not probed; --check loads its transports and asks"
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
@@ -55,7 +57,8 @@ class PluginRecord:
 
     ``distribution``/``version`` are None for a plugin registered in-process. ``transports`` are
     the ``reshard.transports`` names of the same distribution; ``hooks`` the hook names it
-    implements. ``reason`` explains any status other than ``available``.
+    implements. ``reason`` explains any status other than ``available``; ``unchecked`` means it
+    loaded but whether it can run here was not asked (a listing without the check).
     """
 
     name: str
@@ -162,10 +165,14 @@ def _error_text(exc: BaseException) -> str:
 
 @dataclass
 class _Entry:
-    """A record plus how to probe availability later (None: nothing left to probe)."""
+    """A record plus what is left to check: its transports to load and its own probe.
+
+    ``pending`` is False once checked, or when there was nothing to check (a failed or disabled record).
+    """
 
     record: PluginRecord
     probe: Callable[[], object] | None = None
+    pending: bool = False
 
 
 class _State:
@@ -247,7 +254,7 @@ class _State:
             self._add(dataclasses.replace(base, status="error", reason=_error_text(exc)))
             return
         probe = getattr(plugin, "unavailable_reason", None)
-        self._add(base, probe if callable(probe) else None)
+        self._add(base, probe if callable(probe) else None, pending=True)
 
     def _add_transport_only(self, hook_claims: dict[str, list[EntryPointClaim]],
                             transport_claims: dict[str, list[EntryPointClaim]],
@@ -265,44 +272,57 @@ class _State:
                     reason = f"disabled by {DISABLE_ENV}"
                     self._add(dataclasses.replace(base, status="disabled", reason=reason))
                 else:
-                    self._add(base, _transport_probe(tname))
+                    self._add(base, pending=True)
 
-    def _add(self, record: PluginRecord, probe: Callable[[], object] | None = None) -> None:
-        self.entries.append(_Entry(record, probe))
+    def _add(self, record: PluginRecord, probe: Callable[[], object] | None = None,
+             pending: bool = False) -> None:
+        self.entries.append(_Entry(record, probe, pending))
 
-    def probe_all(self) -> None:
-        """Ask each loaded plugin once whether it can run here."""
+    def check_all(self) -> None:
+        """Check each loaded plugin once: load its transports, then ask whether it can run here."""
+        disabled = disabled_names()
         for entry in self.entries:
-            if entry.probe is None:
-                continue
-            probe, entry.probe = entry.probe, None
-            try:
-                reason = probe()
-            except PluginError as exc:  # a transport-only record whose driver failed to load
-                entry.record = dataclasses.replace(entry.record, status="error", reason=str(exc))
-                continue
-            except Exception as exc:
-                reason = f"unavailable_reason() raised {_error_text(exc)}"
-                entry.record = dataclasses.replace(entry.record, status="error", reason=reason)
-                continue
-            if reason is not None:
-                text = " ".join(str(reason).split()) or "no reason given"
-                entry.record = dataclasses.replace(entry.record, status="unavailable", reason=text)
+            if entry.pending:
+                entry.pending = False
+                entry.record = _checked(entry.record, entry.probe, disabled)
 
     def records(self, include_builtin: bool) -> list[PluginRecord]:
-        out = [e.record for e in self.entries] + list(self.in_process.values())
+        out = [
+            dataclasses.replace(e.record, status="unchecked", reason=UNCHECKED_REASON)
+            if e.pending
+            else e.record
+            for e in self.entries
+        ]
+        out += list(self.in_process.values())
         if include_builtin:
             out += self.builtin
         return sorted(out, key=PluginRecord.sort_key)
 
 
-def _transport_probe(name: str) -> Callable[[], object]:
-    def probe() -> object:
-        from .transport.registry import get_transport
+def _checked(record: PluginRecord, probe: Callable[[], object] | None,
+             disabled: frozenset[str]) -> PluginRecord:
+    """``record`` after loading its transports and asking its probe, then each transport's."""
+    from .transport.registry import get_transport
 
-        return get_transport(name).unavailable_reason()
-
-    return probe
+    drivers = []
+    for tname in record.transports:
+        if tname in disabled:
+            continue
+        try:
+            drivers.append((tname, get_transport(tname)))
+        except PluginError as exc:  # fails to import, or is not a CopyService subclass
+            return dataclasses.replace(record, status="error", reason=str(exc))
+    asked = [("unavailable_reason()", probe)] if probe is not None else []
+    asked += [(f"transport '{t}': unavailable_reason()", d.unavailable_reason) for t, d in drivers]
+    for what, ask in asked:
+        try:
+            reason = ask()
+        except Exception as exc:
+            return dataclasses.replace(record, status="error", reason=f"{what} raised {_error_text(exc)}")
+        if reason is not None:
+            text = " ".join(str(reason).split()) or "no reason given"
+            return dataclasses.replace(record, status="unavailable", reason=text)
+    return record
 
 
 _LOCK = threading.RLock()
@@ -335,15 +355,18 @@ def get_plugin_manager() -> pluggy.PluginManager:
         return _STATE.pm
 
 
-def plugin_records(*, include_builtin: bool = False) -> list[PluginRecord]:
+def plugin_records(*, include_builtin: bool = False, check: bool = True) -> list[PluginRecord]:
     """Every known plugin, sorted by (name, distribution), with its availability on this machine.
 
-    ``include_builtin`` adds the core's own hook modules. Raises ``PluginError`` in strict mode
-    when any plugin failed to load or its ``unavailable_reason()`` raised.
+    ``include_builtin`` adds the core's own hook module. ``check`` loads every transport entry point
+    and asks every probe (once per process; this usually imports torch); without it, records not
+    checked yet are ``unchecked``. Raises ``PluginError`` in strict mode when any plugin failed to
+    load, a transport failed to load, or a probe raised.
     """
     with _LOCK:
         get_plugin_manager()
-        _STATE.probe_all()
+        if check:
+            _STATE.check_all()
         records = _STATE.records(include_builtin)
         _raise_if_strict(records)
         return records

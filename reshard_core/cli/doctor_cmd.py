@@ -61,7 +61,7 @@ def doctor(
     Exits 1 when a plugin failed to load or is incompatible.
     """
     report = machine_report()
-    records = plugin_records()
+    records = plugin_records(check=True)
     plugins = [plugin_report(r) for r in records]
     if json_output:
         print_json({"machine": report, "plugins": plugins})

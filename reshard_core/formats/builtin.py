@@ -1,15 +1,13 @@
-"""The built-in formats, registered as a ``trylast`` hook so any plugin's format comes first."""
+"""The built-in formats, in detection order (offered through ``reshard_core.builtin_hooks``)."""
 
 from __future__ import annotations
 
-from ..hookspecs import hookimpl
-from .base import CanonicalFormat
+from .base import CanonicalFormat, ModelFormat
 from .megatron import MegatronFormat
 from .transformers import TransformersFormat
 from .vllm import VLLMFormat
 
 
-@hookimpl(trylast=True)
-def reshard_formats():
+def builtin_formats() -> list[ModelFormat]:
     """Megatron-Core, transformers (in memory), the vLLM/SGLang convention, HF checkpoint names."""
     return [MegatronFormat(), TransformersFormat(), VLLMFormat(), CanonicalFormat()]

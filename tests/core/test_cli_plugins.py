@@ -73,14 +73,68 @@ def test_broken_distribution_in_strict_mode_exits_1_with_one_line():
 def test_table_names_the_failure(plugin_fixtures, capsys, monkeypatch):
     plugin_fixtures("broken_plugin", "good_plugins")
     monkeypatch.setenv("COLUMNS", "250")
+    code, out, err = run_cli(capsys, "plugins", "list", "--check")
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    rows = {line.split()[0]: (line.split(), lines[i + 1].split()) for i, line in enumerate(lines[:-1])
+            if line.startswith("  ") and not line.startswith("   ")}
+    assert rows["broken"] == (["broken", "error", "-", "RuntimeError:", "broken", "on", "purpose"],
+                              ["broken-reshard-plugin", "0.1"])
+    assert rows["hooked"] == (
+        ["hooked", "unavailable", "transports:", "alpha", "needs", "a", "flux", "capacitor"],
+        ["fixture-hooked", "0.2", "hooks:", "plan_tensor,", "register_commands"],
+    )
+    assert rows["heavy"] == (["heavy", "available", "transports:", "heavy"], ["fixture-transports", "0.3"])
+    assert "unchecked" not in out
+
+
+def test_listing_without_check_names_failures_and_leaves_availability_unchecked(plugin_fixtures, capsys,
+                                                                                monkeypatch):
+    plugin_fixtures("broken_plugin", "good_plugins")
+    monkeypatch.setenv("COLUMNS", "250")
     code, out, err = run_cli(capsys, "plugins", "list")
     assert (code, err) == (0, "")
-    rows = {line.split()[0]: line.split() for line in out.splitlines()[3:] if line.strip()}
-    assert rows["broken"] == ["broken", "broken-reshard-plugin", "0.1", "error", "-",
-                              "RuntimeError:", "broken", "on", "purpose"]
-    assert rows["hooked"] == ["hooked", "fixture-hooked", "0.2", "unavailable", "transports:", "alpha",
-                              "needs", "a", "flux", "capacitor"]
-    assert rows["heavy"] == ["heavy", "fixture-transports", "0.3", "available", "transports:", "heavy"]
+    statuses = {line.split()[0]: line.split()[1:] for line in out.splitlines()
+                if line.startswith("  ") and not line.startswith("   ")}
+    assert statuses["broken"] == ["error", "-", "RuntimeError:", "broken", "on", "purpose"]
+    assert statuses["hooked"] == ["unchecked", "transports:", "alpha"]
+    assert statuses["missing"] == ["unchecked", "transports:", "missing"]
+    assert out.splitlines()[-1].strip() == "unchecked: not probed; --check asks each plugin (imports torch)"
+
+
+def test_check_and_doctor_show_a_broken_transport_entry_point_as_an_error(plugin_fixtures, capsys):
+    plugin_fixtures("broken_transport")
+    code, out, err = run_cli(capsys, "plugins", "list", "--json", "--check")
+    assert (code, err) == (0, "")
+    assert {r["name"]: r["status"] for r in json.loads(out)} == {"sad": "error", "wrongtype": "error"}
+    code, out, err = run_cli(capsys, "doctor", "--json")
+    assert (code, err) == (1, "")
+    assert {p["name"]: (p["status"], p["reason"]) for p in json.loads(out)["plugins"]} == {
+        "sad": ("error", "transport 'sad' (fixture-sad 0.5) failed to load: AttributeError: module "
+                         "'fixture_sad_plugin' has no attribute 'GoneCopyService'"),
+        "wrongtype": ("error", "transport 'wrongtype' (fixture-wrongtype 0.6) points to "
+                               "fixture_wrongtype_plugin:NOT_A_CLASS, which is not a CopyService subclass"),
+    }
+
+
+TORCH_PROBE = """
+import sys
+from reshard_core.cli.main import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code or 0
+sys.stderr.write(f"exit={code} torch={'torch' in sys.modules}\\n")
+"""
+
+
+@pytest.mark.parametrize("argv", [("--help",), ("plugins", "list", "--json"), ("plugins", "list", "--all"),
+                                  ("plugins", "list", "--help")])
+def test_help_and_listing_import_no_torch(argv):
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("RESHARD_")}
+    proc = subprocess.run([sys.executable, "-c", TORCH_PROBE, *argv], capture_output=True, text=True,
+                          env=environ, timeout=120, check=False)
+    assert proc.stderr.splitlines()[-1] == "exit=0 torch=False", proc.stderr
 
 
 def test_strict_mode_in_process(plugin_fixtures, capsys, monkeypatch):
@@ -208,7 +262,7 @@ def test_doctor_exits_1_when_a_plugin_failed(plugin_fixtures, capsys, monkeypatc
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="asserts the CPU-machine statuses")
 def test_readme_install_lists_the_four_plugins(fresh_plugin_manager, capsys):
-    code, out, err = run_cli(capsys, "plugins", "list", "--json")
+    code, out, err = run_cli(capsys, "plugins", "list", "--json", "--check")
     assert (code, err) == (0, "")
     records = {r["name"]: r for r in json.loads(out)}
     assert {"gloo", "nccl", "nvshmem", "mxfp8"} <= set(records)

@@ -63,8 +63,37 @@ def test_good_plugins_are_listed_with_status_and_not_probed_at_load(plugin_fixtu
          "reason": "transport 'notservice' (fixture-transports 0.3) points to "
                    "fixture_transports:NotACopyService, which is not a CopyService subclass"},
     ]
-    # The hooked plugin's hook module only; its transport module stays unloaded.
-    assert "fixture_alpha_transport" not in sys.modules
+    # The check loaded the hooked plugin's transport too (a broken one would be an error).
+    assert "fixture_alpha_transport" in sys.modules
+
+
+def test_listing_without_check_imports_no_transport_and_says_unchecked(plugin_fixtures):
+    plugin_fixtures("good_plugins")
+    records = records_as_dicts(check=False)
+    assert [(r["name"], r["status"], r["reason"]) for r in records] == [
+        (name, "unchecked", "not probed; --check loads its transports and asks")
+        for name in ("beta", "heavy", "hooked", "missing", "notservice")
+    ]
+    assert "fixture_alpha_transport" not in sys.modules and "fixture_transports" not in sys.modules
+    # A later check answers, and the answers stay.
+    checked = ["unavailable", "available", "unavailable", "error", "error"]
+    assert [r["status"] for r in records_as_dicts()] == checked
+    assert [r["status"] for r in records_as_dicts(check=False)] == checked
+
+
+def test_a_plugin_whose_transport_entry_point_is_broken_is_an_error(plugin_fixtures):
+    plugin_fixtures("broken_transport")
+    assert records_as_dicts(check=False)[0]["status"] == "unchecked"
+    assert records_as_dicts() == [
+        {"name": "sad", "distribution": "fixture-sad", "version": "0.5", "transports": ["sad", "sadder"],
+         "hooks": [], "status": "error",
+         "reason": "transport 'sad' (fixture-sad 0.5) failed to load: AttributeError: module "
+                   "'fixture_sad_plugin' has no attribute 'GoneCopyService'"},
+        {"name": "wrongtype", "distribution": "fixture-wrongtype", "version": "0.6",
+         "transports": ["wrongtype"], "hooks": [], "status": "error",
+         "reason": "transport 'wrongtype' (fixture-wrongtype 0.6) points to "
+                   "fixture_wrongtype_plugin:NOT_A_CLASS, which is not a CopyService subclass"},
+    ]
 
 
 def test_entry_point_plugin_hook_is_called(plugin_fixtures):

@@ -98,4 +98,4 @@ def test_formats_list_json_is_in_detection_order_with_providers(capsys):
     rows = json.loads(capsys.readouterr().out)
     assert rows[0] == {"name": "engine", "provider": "engine-plugin", "description": "a custom engine"}
     assert "hf" in [r["name"] for r in rows] and rows[-1]["name"] == "hf-checkpoint"
-    assert {r["provider"] for r in rows[1:]} == {"reshard_core.formats.builtin"}
+    assert {r["provider"] for r in rows[1:]} == {"reshard_core.builtin_hooks"}

@@ -1,6 +1,8 @@
 """reshard-mxfp8: the MXFP8 format (bit-exact with Transformer Engine) for reshard.
 
-Public API (pure PyTorch; importing this package imports torch only):
+Public API (pure PyTorch; every name is imported on first use, so importing the package, and its
+hook module ``plugin`` that ``reshard plugins list`` loads, imports neither torch nor reshard_core's
+heavy parts):
 
 - ``quantize(x, *, columnwise=False) -> (data, scale)`` and ``dequantize(data, scale, ...)``;
 - ``quantize_into(x, data, scale, *, columnwise=False, offsets=None)`` into persistent buffers, also for a
@@ -12,12 +14,21 @@ Public API (pure PyTorch; importing this package imports torch only):
 - ``configure_te_extraction`` (options of the TE FSDP2 param extractor, ``te_extract``).
 """
 
-from .e8m0 import E4M3_MAX, e8m0_multiplier, e8m0_to_float, float_to_e8m0
-from .format import dequantize, empty_quantized, quantize, quantize_into
-from .layout import BLOCK, box_is_block_aligned, scale_shape, valid_scale_shape
-from .swizzle import swizzle_128x4, unswizzle_128x4
-
 _LAZY = {
+    "E4M3_MAX": "e8m0",
+    "e8m0_multiplier": "e8m0",
+    "e8m0_to_float": "e8m0",
+    "float_to_e8m0": "e8m0",
+    "dequantize": "format",
+    "empty_quantized": "format",
+    "quantize": "format",
+    "quantize_into": "format",
+    "BLOCK": "layout",
+    "box_is_block_aligned": "layout",
+    "scale_shape": "layout",
+    "valid_scale_shape": "layout",
+    "swizzle_128x4": "swizzle",
+    "unswizzle_128x4": "swizzle",
     "make_mxfp8": "destinations",
     "destinations_of": "destinations",
     "MXFP8Destination": "destinations",
@@ -28,11 +39,13 @@ _LAZY = {
 
 
 def __getattr__(name: str):
-    """Import the reshard_core-dependent parts on first use."""
+    """Import the module defining ``name`` on first use."""
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -58,3 +71,7 @@ __all__ = [
     "unswizzle_128x4",
     "valid_scale_shape",
 ]
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
