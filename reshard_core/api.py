@@ -32,6 +32,7 @@ from .execute.memo import ExecMemo
 from .execute.pool import StagingPool
 from .execute.stats import ExecStats
 from .extract import ExtractContext, extract_specs, iter_tensors
+from .extract.destinations import destination_problems
 from .formats import ModelFormat, resolve_format
 from .formats.sides import FormatChoice, agreed_formats, format_code, logical_hint, logical_side
 from .plan.cache import cached_plan_rank, clear_plan_cache
@@ -337,6 +338,7 @@ def _build(src: Model, dst: Model, sides: tuple, options: _Options, choice: Form
         dst_specs, padding = _describe(dst, "dst", group, sides[1], choice, o.ignore, problems)
     except ReshardError as exc:
         problems.errors.append(str(exc))
+    problems.errors += destination_problems(dst_specs, dist.get_rank(), o.ignore)
     raise_if_any(problems, group, o.timeout)
     transforms = _transforms(dst, dst_specs, o.transform)
     seconds["extract"] = time.perf_counter() - t

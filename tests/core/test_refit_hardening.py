@@ -134,7 +134,43 @@ def _case_stalled_extractor(rank: int):
     return _with_plugin(rank, 0, "stall")
 
 
+def _case_bad_destinations(rank: int):
+    """Rank 1: ``b`` is an expanded tensor; rank 2: ``a`` and ``b`` share memory, then ``a`` on meta."""
+    import reshard_core
+
+    src, dst = _models(rank)
+    if rank == 1:
+        dst.b = nn.Parameter(torch.zeros(1, 4).expand(4, 4), requires_grad=False)
+    if rank == 2:
+        dst.b = nn.Parameter(dst.a[:, :].detach(), requires_grad=False)  # same elements as a
+    for t in (dst.a, dst.b) if dst is not None else ():
+        reshard_core.declare_layout(t, dim=0, ranks=(1, 2))
+    first = _outcome(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT)), _untouched(dst)
+    if rank == 2:
+        dst.a = nn.Parameter(torch.empty(4, 4, device="meta"))
+        reshard_core.declare_layout(dst.a, dim=0, ranks=(1, 2))
+        dst.b = nn.Parameter(torch.zeros(4, 4))
+        reshard_core.declare_layout(dst.b, dim=0, ranks=(1, 2))
+    return first, _outcome(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT))
+
+
+def _case_views_of_one_parameter(rank: int):
+    """Rank 1: ``a`` and ``b`` are the even and odd columns of one parameter (disjoint elements)."""
+    import reshard_core
+
+    src, dst = _models(rank)
+    if rank == 1:
+        fused = torch.zeros(4, 8)
+        dst.a = nn.Parameter(fused[:, 0::2], requires_grad=False)
+        dst.b = nn.Parameter(fused[:, 1::2], requires_grad=False)
+    for t in (dst.a, dst.b) if dst is not None else ():
+        reshard_core.declare_layout(t, dim=0, ranks=(1, 2))
+    return _outcome(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT)), _exact(rank, dst)
+
+
 CASES = {
+    "bad_destinations": _case_bad_destinations,
+    "views_of_one_parameter": _case_views_of_one_parameter,
     "options_differ": _case_options_differ,
     "hook_raises": _case_hook_raises,
     "foreign_mesh": _case_foreign_mesh,
@@ -189,3 +225,26 @@ def test_a_rank_stalled_before_the_exchange_is_named_by_its_peers_within_the_tim
         for r in (1, 2)
     ]
     assert stalled[0].startswith("TransportError: rank 0: layout exchange: ")  # its peers left
+
+
+def test_destinations_that_cannot_be_written_fail_every_rank_before_data_moves(outcomes):
+    expanded = (
+        "destination tensor 'b' on rank 1 is expanded (stride 0 along dim 0): many of its elements share "
+        "one memory cell; give it its own storage (e.g. .clone())"
+    )
+    shared = (
+        "destination tensors 'a' and 'b' on rank 2 share memory (writing one overwrites the other); "
+        "give each its own storage"
+    )
+    meta = (
+        "destination tensor 'a' on rank 2 is on the meta device (it has no storage to write into); "
+        "materialise the model first (e.g. to_empty() and initialise it)"
+    )
+    first = f"PlanError: rank [1]: {expanded}; rank [2]: {shared}"
+    then = f"PlanError: rank [1]: {expanded}; rank [2]: {meta}"
+    assert [(f[0], r) for f, r in outcomes["bad_destinations"]] == [(first, then)] * 3
+    assert all(f[1] for f, _ in outcomes["bad_destinations"])  # nothing was written
+
+
+def test_disjoint_views_of_one_parameter_are_valid_destinations(outcomes):
+    assert outcomes["views_of_one_parameter"] == [("ok", True)] * 3
