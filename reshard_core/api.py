@@ -109,6 +109,8 @@ class Session:
     and the fingerprint (modules are held weakly so a session never keeps a model alive)."""
     structure: list[tuple[weakref.ref, tuple]] = field(default_factory=list)
     """Each module of its models, with (weak references to) the children it held."""
+    cast: bool = False
+    """Prepared with ``cast=True``: its plan may convert dtypes, so every execution casts."""
 
     def refit(self, *, cast: bool = False) -> RefitReport:
         """Run this prepared refit again: the fast path for a loop that calls ``prepare`` once.
@@ -129,7 +131,7 @@ class Session:
                 f"rank {self.plan.rank}: the prepared session no longer fits its models ({problem}); "
                 "call reshard_core.prepare() again on every rank"
             )
-        return _report(self, self._execute(cast), True, time.perf_counter() - start)
+        return _report(self, self._execute(cast or self.cast), True, time.perf_counter() - start)
 
     def built_for(self, src: Model, dst: Model, signature: tuple) -> bool:
         """True when ``src``/``dst`` are the very objects this session was built for, unchanged."""
@@ -182,6 +184,7 @@ class _Options:
     timeout: float | None
     src_format: ModelFormat | str | None = None
     dst_format: ModelFormat | str | None = None
+    cast: bool = False
 
     def key(self, src: Model, dst: Model) -> tuple:
         """The session cache key: model identities plus every option, hashable."""
@@ -199,6 +202,7 @@ class _Options:
             self.timeout,
             _format_key(self.src_format),
             _format_key(self.dst_format),
+            bool(self.cast),
         )
 
 
@@ -219,6 +223,7 @@ def prepare(
     timeout: float | None = None,
     src_format: ModelFormat | str | None = None,
     dst_format: ModelFormat | str | None = None,
+    cast: bool = False,
 ) -> Session:
     """Build (or reuse) this rank's refit session. Collective over ``group`` (default: the world).
 
@@ -226,10 +231,11 @@ def prepare(
     (unmatched names, shape or dtype disagreement, holes or double coverage); ``ignore`` (fnmatch
     patterns) and ``tied`` (``{dst_name: src_name}``, e.g. an untied output layer fed from the
     embedding) are the explicit opt-outs. ``src_format``/``dst_format`` (a ``ModelFormat`` or a
-    registered name) override the detected model formats; see ``refit``.
+    registered name) override the detected model formats; see ``refit``. ``cast=True`` lets a
+    source and its destination differ in dtype (see ``refit``).
     """
     options = _Options(
-        transport, group, transform, max_batch_bytes, ignore, tied, timeout, src_format, dst_format
+        transport, group, transform, max_batch_bytes, ignore, tied, timeout, src_format, dst_format, cast
     )
     return _session(src, dst, options)[0]
 
@@ -243,11 +249,15 @@ def _session(src: Model, dst: Model, options: _Options) -> tuple[Session, bool]:
     formats = (resolve_format(src, options.src_format), resolve_format(dst, options.dst_format))
     codes = (format_code(formats[0]), format_code(formats[1]))
     o = options
-    digests = option_digests(o.ignore, o.tied, o.max_batch_bytes, o.transport)
+    digests = option_digests(o.ignore, o.tied, o.max_batch_bytes, o.transport, o.cast)
     everyone_valid, sides, all_codes, all_digests = _agree(
         valid, src is not None, dst is not None, codes, digests, o.group, o.timeout
     )
     check_options(all_digests)
+    if o.max_batch_bytes is not None and (isinstance(o.max_batch_bytes, bool) or o.max_batch_bytes <= 0):
+        raise ReshardError(  # the same value on every rank (agreed above): every rank raises this
+            f"max_batch_bytes must be a positive number of bytes or None, got {o.max_batch_bytes!r}"
+        )
     if everyone_valid:
         return cached.session, True
     choice = agreed_formats(formats, all_codes, sides)
@@ -275,7 +285,10 @@ def refit(
 
     Either model may be None on a rank that only sends, only receives, or idles. After it returns,
     every destination element equals the source element at the same global coordinate (bit for bit
-    when dtypes match; ``cast=True`` converts between dtypes, a transform defines its own format).
+    when dtypes match; a transform defines its own format). ``cast=True`` accepts a source whose dtype
+    differs from its destination's (e.g. an fp32 trainer's router ``expert_bias`` into a bf16 engine):
+    the plan carries the destination dtype and the sender converts while packing, so only
+    destination-dtype bytes cross the transport (every rank must pass the same ``cast``).
     A failing or vanished peer makes every rank raise ``TransportError`` within ``timeout`` seconds.
 
     Models in different formats (a Megatron-Core ``GPTModel`` and a transformers model, an HF model
@@ -287,10 +300,10 @@ def refit(
     """
     start = time.perf_counter()
     options = _Options(
-        transport, group, transform, max_batch_bytes, ignore, tied, timeout, src_format, dst_format
+        transport, group, transform, max_batch_bytes, ignore, tied, timeout, src_format, dst_format, cast
     )
     session, reused = _session(src, dst, options)
-    return _report(session, session._execute(cast), reused, time.perf_counter() - start)
+    return _report(session, session._execute(cast or session.cast), reused, time.perf_counter() - start)
 
 
 def clear_caches() -> None:
@@ -356,6 +369,7 @@ def _build(src: Model, dst: Model, sides: tuple, options: _Options, choice: Form
             ignore=o.ignore,
             tied=choice.ties(o.tied),
             group=_group_key(group),
+            cast=o.cast,
         )
     except PlanError as exc:
         hint = logical_hint(str(exc)) if choice.mapped else ""
@@ -375,6 +389,7 @@ def _build(src: Model, dst: Model, sides: tuple, options: _Options, choice: Form
         metadata_bytes=exchange_stats.bytes,
         seconds=seconds,
         refreshers=[spec.source for spec in src_specs if hasattr(spec.source, "refresh_source")],
+        cast=o.cast,
     )
 
 

@@ -56,9 +56,10 @@ def plan_cache_key(
     ignore: Sequence[str] = (),
     tied: Tied = None,
     group: Hashable = None,
+    cast: bool = False,
 ) -> tuple:
     """The cache key of ``plan_rank(table, rank, ...)`` within process group ``group``."""
-    return (table_fingerprint(table), rank, max_batch_bytes, *normalize_options(ignore, tied), group)
+    return (table_fingerprint(table), rank, max_batch_bytes, *normalize_options(ignore, tied), group, cast)
 
 
 def cached_plan_rank(
@@ -69,14 +70,17 @@ def cached_plan_rank(
     ignore: Sequence[str] = (),
     tied: Tied = None,
     group: Hashable = None,
+    cast: bool = False,
 ) -> tuple[RankPlan, bool]:
     """``(plan, hit)``: the cached plan for this key, or a fresh ``plan_rank`` stored under it."""
-    key = plan_cache_key(table, rank, max_batch_bytes=max_batch_bytes, ignore=ignore, tied=tied, group=group)
+    key = plan_cache_key(
+        table, rank, max_batch_bytes=max_batch_bytes, ignore=ignore, tied=tied, group=group, cast=cast
+    )
     found = _cache.get(key)
     if found is not None:
         _cache.move_to_end(key)
         return found, True
-    plan = plan_rank(table, rank, max_batch_bytes=max_batch_bytes, ignore=ignore, tied=tied)
+    plan = plan_rank(table, rank, max_batch_bytes=max_batch_bytes, ignore=ignore, tied=tied, cast=cast)
     _cache[key] = plan
     while len(_cache) > MAX_ENTRIES:
         _cache.popitem(last=False)

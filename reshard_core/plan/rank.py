@@ -45,14 +45,16 @@ def plan_rank(
     ignore: Sequence[str] = (),
     tied: Tied = None,
     planner: TensorPlanner | None = None,
+    cast: bool = False,
 ) -> RankPlan:
     """Validate ``table`` (raising ``PlanError`` before any data moves) and plan ``rank``.
 
     No communication: every rank calling this on the same table derives matching sends and
     receives, in the same order, in the same batches. ``ignore`` and ``tied`` are the explicit
-    opt-outs of ``validate_table``; ``max_batch_bytes`` bounds staging (see ``batching``).
+    opt-outs of ``validate_table``; ``max_batch_bytes`` bounds staging (see ``batching``); ``cast``
+    accepts dtype-only differences (the plan carries the destination dtype).
     """
-    effective = validate_table(table, ignore=ignore, tied=tied)
+    effective = validate_table(table, ignore=ignore, tied=tied, cast=cast)
     context = context_for(effective)
     batches = assign_batches(effective, max_batch_bytes)
     plan_one = planner or tensor_planner()

@@ -49,13 +49,18 @@ def normalize_options(ignore: Sequence[str] = (), tied: Tied = None) -> tuple[tu
     return tuple(sorted(set(ignore))), tuple(sorted(ties.items()))
 
 
-def validate_table(table: LayoutTable, ignore: Sequence[str] = (), tied: Tied = None) -> LayoutTable:
-    """The effective table (ignored names dropped, ties applied), after every check passed."""
-    key = ("validated", *normalize_options(ignore, tied))
+def validate_table(
+    table: LayoutTable, ignore: Sequence[str] = (), tied: Tied = None, cast: bool = False
+) -> LayoutTable:
+    """The effective table (ignored names dropped, ties applied), after every check passed.
+
+    ``cast``: a source whose dtype alone differs from its destination's is accepted (the plan
+    carries the destination dtype; the sender converts while packing)."""
+    key = ("validated", *normalize_options(ignore, tied), cast)
     found = table.cache.get(key)
     if found is None:
         effective = _apply_options(table, key[1], dict(key[2]))
-        _check(effective)
+        _check(effective, cast)
         found = table.cache[key] = effective
     return found
 
@@ -83,12 +88,12 @@ def _ranks(layouts) -> list[int]:
     return [r for lay in layouts for r in lay.mesh.ranks]
 
 
-def _check(table: LayoutTable) -> None:
+def _check(table: LayoutTable, cast: bool = False) -> None:
     index = context_for(table).index
     checked: set[int] = set()  # LayoutDims already checked for overlaps (shared by many tensors)
     _check_one_sided(table.entries)
     for e in table.entries:
-        _check_meta(e)
+        _check_meta(e, cast)
         src = [_layout_dims(index, e, "src", lay) for lay in e.src]
         dst = [_layout_dims(index, e, "dst", lay) for lay in e.dst]
         for side, dims in (("src", src), ("dst", dst)):
@@ -142,8 +147,8 @@ def _listed(entries: Sequence[TableEntry], side: str) -> str:
     return f"{len(entries)} tensors on the {word} only{where}, no {other} holds them: {names}"
 
 
-def _check_meta(e: TableEntry) -> None:
-    if e.src_meta is not None:
+def _check_meta(e: TableEntry, cast: bool) -> None:
+    if e.src_meta is not None and not (cast and tuple(e.src_meta.shape) == tuple(e.meta.shape)):
         tie = f" (tied to {e.src_name})" if e.src_name else ""
         raise PlanError(
             f"{e.name}: source{tie} {format_meta(e.src_meta)} on ranks {format_ranks(_ranks(e.src))} but "

@@ -168,7 +168,40 @@ def _case_views_of_one_parameter(rank: int):
     return _outcome(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT)), _exact(rank, dst)
 
 
+def _case_max_batch_bytes_zero(rank: int):
+    import reshard_core
+
+    src, dst = _models(rank)
+    return _outcome(lambda: reshard_core.refit(src, dst, max_batch_bytes=0, timeout=TIMEOUT))
+
+
+def _case_cast(rank: int):
+    """fp32 source into a bf16 destination (Megatron's router expert_bias: fp32 trainer, bf16 engine)."""
+    import reshard_core
+
+    src, dst = _models(rank)
+    if dst is not None:
+        dst.a = nn.Parameter(torch.zeros(4, 4, dtype=torch.bfloat16))
+        dst.b = nn.Parameter(torch.zeros(4, 4, dtype=torch.bfloat16))
+        for t in (dst.a, dst.b):
+            reshard_core.declare_layout(t, dim=0, ranks=(1, 2))
+    refused = _outcome(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT))
+    report = reshard_core.refit(src, dst, cast=True, timeout=TIMEOUT)
+    rows = slice(4 * (rank - 1), 4 * rank)
+    exact = dst is None or (
+        torch.equal(dst.a, A[rows].to(torch.bfloat16)) and torch.equal(dst.b, B[rows].to(torch.bfloat16))
+    )
+    if dst is not None:
+        dst.a.data.zero_()
+    session = reshard_core.prepare(src, dst, cast=True, timeout=TIMEOUT)
+    session.refit()
+    again = dst is None or torch.equal(dst.a, A[rows].to(torch.bfloat16))
+    return refused, exact, again, report.bytes_sent, report.bytes_received
+
+
 CASES = {
+    "max_batch_bytes_zero": _case_max_batch_bytes_zero,
+    "cast": _case_cast,
     "bad_destinations": _case_bad_destinations,
     "views_of_one_parameter": _case_views_of_one_parameter,
     "options_differ": _case_options_differ,
@@ -193,7 +226,7 @@ def test_ranks_passing_different_plan_options_all_fail_naming_the_options_before
     want = (
         "ReshardError: refit options differ across ranks: ignore (ranks [0, 2] vs ranks [1]); "
         "max_batch_bytes (ranks [0, 1] vs ranks [2]); every rank must pass the same ignore=, tied=, "
-        "max_batch_bytes= and transport= (they shape the plan)"
+        "max_batch_bytes=, transport= and cast= (they shape the plan)"
     )
     assert outcomes["options_differ"] == [(want, True, "ok", True)] * 3
 
@@ -248,3 +281,21 @@ def test_destinations_that_cannot_be_written_fail_every_rank_before_data_moves(o
 
 def test_disjoint_views_of_one_parameter_are_valid_destinations(outcomes):
     assert outcomes["views_of_one_parameter"] == [("ok", True)] * 3
+
+
+def test_a_non_positive_max_batch_bytes_is_a_reshard_error_naming_the_option(outcomes):
+    want = "ReshardError: max_batch_bytes must be a positive number of bytes or None, got 0"
+    assert outcomes["max_batch_bytes_zero"] == [want] * 3
+
+
+def test_cast_converts_an_fp32_source_into_a_bf16_destination_on_the_sender(outcomes):
+    refused = (
+        "PlanError: a: source shape (8, 4) float32 on ranks [0] but destination shape (8, 4) bfloat16 "
+        "on ranks [1, 2]"
+    )
+    # two 4×4 halves of two tensors leave rank 0 in bf16: 2 bytes an element on the wire
+    assert outcomes["cast"] == [
+        (refused, True, True, 128, 0),
+        (refused, True, True, 0, 64),
+        (refused, True, True, 0, 64),
+    ]
