@@ -8,6 +8,7 @@ import math
 import pytest
 
 from reshard_core.bench.gpt import PRESETS, tp_placement
+from reshard_core.cli import bench_cmd, demo_cmd
 from reshard_core.cli.main import main
 
 
@@ -19,7 +20,8 @@ def _run(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 @pytest.mark.slow
-def test_demo_refits_fsdp2_into_tp_and_verifies_every_element(capsys):
+def test_demo_refits_fsdp2_into_tp_and_verifies_every_element(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
     code, out, err = _run(capsys, "demo", "--model", "tiny", "--json")
     assert code == 0, err
     report = json.loads(out)
@@ -31,10 +33,14 @@ def test_demo_refits_fsdp2_into_tp_and_verifies_every_element(capsys):
     # every rank checks what it holds: TP-split weights once per replica, the rest on all 4 ranks
     held = {n: math.prod(s) * (2 if tp_placement(n) else 4) for n, s in PRESETS["tiny"].tensors().items()}
     assert report["elements_checked"] == sum(held.values())
+    demo_cmd._print(report)  # the human table of this real report reads at 80 columns
+    table = capsys.readouterr().out
+    assert "verified" in table and max(len(line) for line in table.splitlines()) <= 80, table
 
 
 @pytest.mark.slow
-def test_bench_compares_with_the_wire_floor_and_megatron_core(capsys):
+def test_bench_compares_with_the_wire_floor_and_megatron_core(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
     pytest.importorskip("megatron.core")
     argv = "bench --size tiny --pair tp=2->tp=4 --reps 2 --warmup 0 --model megatron-gpt --json"
     code, out, err = _run(capsys, *argv.split())
@@ -53,6 +59,9 @@ def test_bench_compares_with_the_wire_floor_and_megatron_core(capsys):
     assert row["floor_ratio"] == ours["refit_seconds"] / ours["floor_seconds"]
     assert row["speedup"] == megatron["seconds"] / ours["refit_seconds"]
     assert row["speedup_bound"] == megatron["seconds"] / ours["floor_with_local_seconds"]
+    bench_cmd._print(report)  # the human tables of this real report read at 80 columns
+    tables = capsys.readouterr().out
+    assert "Megatron-Core s" in tables and max(len(line) for line in tables.splitlines()) <= 80, tables
 
 
 USAGE_ERRORS = [
