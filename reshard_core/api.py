@@ -472,13 +472,20 @@ def _model_signature(model: Model) -> tuple:
     return tuple((name, _fingerprint(t)) for root in _modules(model) for name, t, _ in iter_tensors(root))
 
 
+_PLAN_ATTRS = (
+    "placements", "_reshard_layout", "_reshard_name", "_reshard_shape",  # DTensor, declare_layout
+    "tensor_model_parallel", "partition_dim", "partition_stride", "partition_sizes", "allreduce",  # Megatron
+)  # fmt: skip
+"""Tensor attributes the extractors read: a change to any of them changes the plan."""
+
+
 def _fingerprint(tensor: torch.Tensor) -> tuple:
-    """A tensor's shape, dtype, stride, storage pointer, DTensor placements and declared layout."""
+    """A tensor's shape, dtype, stride, storage pointer and every attribute the plan depends on
+    (``_PLAN_ATTRS``: DTensor placements, ``declare_layout`` layout/name/shape, Megatron's
+    partition attributes)."""
     local = getattr(tensor, "_local_tensor", tensor)
-    return (
-        tuple(tensor.shape), tensor.dtype, tuple(local.stride()), local.data_ptr(),
-        repr(getattr(tensor, "placements", None)), repr(getattr(tensor, "_reshard_layout", None)),
-    )  # fmt: skip
+    attrs = tuple(repr(getattr(tensor, a, None)) for a in _PLAN_ATTRS)
+    return (tuple(tensor.shape), tensor.dtype, tuple(local.stride()), local.data_ptr(), *attrs)
 
 
 def _watch(model: Model) -> list[tuple[weakref.ref, str, str, tuple]]:

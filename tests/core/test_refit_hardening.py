@@ -199,7 +199,24 @@ def _case_cast(rank: int):
     return refused, exact, again, report.bytes_sent, report.bytes_received
 
 
+def _case_names_swapped(rank: int):
+    """After a refit, the destinations swap their declared names: ``a`` now receives ``b``."""
+    import reshard_core
+
+    src, dst = _models(rank)
+    session = reshard_core.prepare(src, dst, timeout=TIMEOUT)
+    session.refit()
+    if dst is not None:
+        reshard_core.declare_layout(dst.a, dim=0, ranks=(1, 2), name="b")
+        reshard_core.declare_layout(dst.b, dim=0, ranks=(1, 2), name="a")
+    fast = _outcome(session.refit) if dst is not None else "skipped"  # a source-only rank has no change
+    reshard_core.refit(src, dst, timeout=TIMEOUT)
+    rows = slice(4 * (rank - 1), 4 * rank)
+    return fast, dst is None or (torch.equal(dst.a, B[rows]) and torch.equal(dst.b, A[rows]))
+
+
 CASES = {
+    "names_swapped": _case_names_swapped,
     "max_batch_bytes_zero": _case_max_batch_bytes_zero,
     "cast": _case_cast,
     "bad_destinations": _case_bad_destinations,
@@ -299,3 +316,11 @@ def test_cast_converts_an_fp32_source_into_a_bf16_destination_on_the_sender(outc
         (refused, True, True, 0, 64),
         (refused, True, True, 0, 64),
     ]
+
+
+def test_swapping_declared_names_rebuilds_the_plan(outcomes):
+    stale = (
+        "ReshardError: rank {}: the prepared session no longer fits its models (a tensor was replaced, "
+        "reshaped, moved or re-laid out); call reshard_core.prepare() again on every rank"
+    )
+    assert outcomes["names_swapped"] == [("skipped", True), (stale.format(1), True), (stale.format(2), True)]
