@@ -14,6 +14,7 @@ are refused.
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 
@@ -22,15 +23,20 @@ from ..specs import TensorMeta, TensorSpec
 from .context import ExtractContext, ExtractError, strip_wrappers
 
 
-def _dtensor_type():
-    from torch.distributed.tensor import DTensor
+def is_dtensor(tensor: object) -> bool:
+    """Whether ``tensor`` is a DTensor, without importing ``torch.distributed.tensor``.
 
-    return DTensor
+    That package costs about a second on first import (its op registry pulls in sympy); a DTensor
+    cannot exist before it was imported, so a process that never made one never pays for it.
+    """
+    module = sys.modules.get("torch.distributed.tensor")
+    dtensor = getattr(module, "DTensor", None)
+    return dtensor is not None and isinstance(tensor, dtensor)
 
 
 def extract_dtensor(qualname: str, tensor: torch.Tensor, context: ExtractContext) -> list[TensorSpec] | None:
     """Spec of a DTensor param or buffer, or None when ``tensor`` is not a DTensor."""
-    if not isinstance(tensor, _dtensor_type()):
+    if not is_dtensor(tensor):
         return None
     name = strip_wrappers(qualname)
     shape = tuple(tensor.shape)

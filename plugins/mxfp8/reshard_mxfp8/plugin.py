@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from reshard_core.hookspecs import hookimpl
 
 RESHARD_PLUGIN_API = 1
@@ -22,11 +24,14 @@ def unavailable_reason() -> str | None:
 
 @hookimpl
 def reshard_extract_tensor(qualname, tensor, owner, model, side, context):
-    """Specs for MXFP8 destinations and TE quantized DTensor params; None for anything else."""
-    from .destinations import MARKER
-    from .te_extract import extract_te_param
+    """Specs for MXFP8 destinations and TE quantized DTensor params; None for anything else.
 
-    dest = getattr(tensor, MARKER, None)
+    Neither kind can exist before its module was imported, so a plain refit imports neither.
+    """
+    from reshard_core.extract.dtensor import is_dtensor
+
+    destinations = sys.modules.get(f"{__package__}.destinations")
+    dest = None if destinations is None else getattr(tensor, destinations.MARKER, None)
     if dest is not None:
         from reshard_core.extract import ExtractError
         from reshard_core.specs import TensorSpec
@@ -36,16 +41,22 @@ def reshard_extract_tensor(qualname, tensor, owner, model, side, context):
                 f"tensor '{qualname}' is an MXFP8 destination (make_mxfp8) and cannot be a refit source"
             )
         return [TensorSpec(dest.meta, dest.layout, None, source=dest)]
+    if not is_dtensor(tensor):
+        return None
+    from .te_extract import extract_te_param
+
     return extract_te_param(qualname, tensor, context)
 
 
 @hookimpl
 def reshard_transforms(model, specs):
     """An ``MXFP8ReshardTransform`` over the MXFP8 destinations among ``specs``, or None."""
-    from .destinations import MXFP8Destination
+    destinations = sys.modules.get(f"{__package__}.destinations")
+    if destinations is None:  # no MXFP8 destination was ever made in this process
+        return None
     from .transform import MXFP8ReshardTransform
 
-    dests = {s.meta.name: s.source for s in specs if isinstance(s.source, MXFP8Destination)}
+    dests = {s.meta.name: s.source for s in specs if isinstance(s.source, destinations.MXFP8Destination)}
     if not dests:
         return None
     rules = list(dict.fromkeys(rule for d in dests.values() for rule in d.rules))

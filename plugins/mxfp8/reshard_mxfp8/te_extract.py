@@ -161,13 +161,11 @@ class TESource:
 
 def extract_te_param(qualname: str, tensor, context) -> list | None:
     """Spec of a DTensor param whose local tensor is a TE MXFP8/Float8 tensor; None for anything else."""
-    from torch.distributed.tensor import DTensor
-
     from reshard_core.extract.context import strip_wrappers
-    from reshard_core.extract.dtensor import dtensor_layout
+    from reshard_core.extract.dtensor import dtensor_layout, is_dtensor
     from reshard_core.specs import TensorMeta, TensorSpec
 
-    if not isinstance(tensor, DTensor):
+    if not is_dtensor(tensor):
         return None
     local = tensor._local_tensor
     kind = te_kind(local)
