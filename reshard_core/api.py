@@ -351,7 +351,8 @@ def _build(src: Model, dst: Model, sides: tuple, options: _Options, choice: Form
         dst_specs, padding = _describe(dst, "dst", group, sides[1], choice, o.ignore, problems)
     except ReshardError as exc:
         problems.errors.append(str(exc))
-    problems.errors += destination_problems(dst_specs, dist.get_rank(), o.ignore)
+    if not problems.errors and not problems.unmapped:  # else those name the cause more precisely
+        problems.errors += destination_problems(dst_specs, dist.get_rank(), o.ignore)
     raise_if_any(problems, group, o.timeout)
     transforms = _transforms(dst, dst_specs, o.transform)
     seconds["extract"] = time.perf_counter() - t
