@@ -121,7 +121,7 @@ def test_cli_listing_shows_why(fresh_plugin_manager: None, capsys: pytest.Captur
     from reshard_core.cli.main import main
 
     with pytest.raises(SystemExit) as exit_info:
-        main(["plugins", "list", "--json"])
+        main(["plugins", "list", "--check", "--json"])  # without --check availability is not probed
     assert (exit_info.value.code or 0) == 0
     (entry,) = [r for r in json.loads(capsys.readouterr().out) if r["name"] == "nvshmem"]
     assert (entry["status"], entry["reason"]) == ("unavailable", "CUDA is not available")
