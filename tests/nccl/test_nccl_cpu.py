@@ -212,3 +212,25 @@ def test_cpu_tensors_are_refused_before_anything_moves(monkeypatch):
     with pytest.raises(TransportError) as info:
         service._check_tensor(QueuedOp("send", torch.zeros(2), 1, 9), "nccl: send with rank 1 (task 9)")
     assert str(info.value) == "nccl: send with rank 1 (task 9): nccl moves CUDA tensors only, got one on cpu"
+
+
+def test_giving_up_aborts_only_the_transports_own_communicator(monkeypatch):
+    """``_abort_process_group(None)`` aborts every group of the job: the transport must never pass
+    None, nor a group it does not own (it builds its own over the group's ranks)."""
+    made, aborted = [], []
+    monkeypatch.setattr(
+        torch.distributed,
+        "new_group",
+        lambda ranks, backend, **kw: made.append((ranks, backend, kw)) or "own",
+    )
+    monkeypatch.setattr(torch.distributed.distributed_c10d, "_abort_process_group", aborted.append)
+    service = object.__new__(NcclCopyService)
+    service.members = frozenset({0, 1})
+    assert service._resolve_group(None) == ("own", True)  # even when the default group is NCCL
+    assert made == [([0, 1], "nccl", {"use_local_synchronization": True})]
+    service.comm, service._owns_comm, service._closed = "own", True, False
+    service._give_up(None, 0)
+    assert aborted == ["own"] and service._closed
+    service.comm, service._owns_comm = None, False
+    service._give_up(None, 0)
+    assert aborted == ["own"]  # nothing more: never _abort_process_group(None)

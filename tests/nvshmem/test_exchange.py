@@ -24,14 +24,14 @@ class FakeNvshmem:
 
     def __init__(self, rank: int, preinit: tuple[int, int] | None = None):
         self.rank, self.calls = rank, []
-        self.status = "STATUS_IS_INITIALIZED" if preinit else "STATUS_NOT_INITIALIZED"
+        self.status = 2 if preinit else 0  # nvshmem4py returns the C enum as a plain int
         self.pe = preinit
 
     def get_version(self) -> str:
         return "fake"
 
-    def init_status(self):
-        return SimpleNamespace(name=self.status)
+    def init_status(self) -> int:
+        return self.status
 
     def get_unique_id(self, empty: bool = False):
         data = np.zeros(1, dtype=UID_DTYPE).view(np.recarray)
@@ -42,11 +42,11 @@ class FakeNvshmem:
     def init(self, device, uid, rank, nranks, initializer_method) -> None:
         raw = np.asarray(uid._data).view(np.uint8)
         self.calls.append(("init", raw.tobytes(), rank, nranks, initializer_method))
-        self.status, self.pe = "STATUS_IS_INITIALIZED", (rank, nranks)
+        self.status, self.pe = 2, (rank, nranks)  # NVSHMEM_STATUS_IS_INITIALIZED
 
     def finalize(self) -> None:
         self.calls.append(("finalize",))
-        self.status = "STATUS_NOT_INITIALIZED"
+        self.status = 0  # NVSHMEM_STATUS_NOT_INITIALIZED
 
     def my_pe(self) -> int:
         return self.pe[0]
@@ -197,3 +197,29 @@ def test_a_peer_that_never_joins_is_named_within_the_timeout(world_results: list
 def test_summary_counts_bytes_and_fingerprints_sizes() -> None:
     assert summary([]) == (0, 0, 0)
     assert summary([5, 6])[:2] == (2, 11) and summary([5, 6]) != summary([6, 5])
+
+
+def test_cuda_core_device_is_found_under_experimental_in_cuda_core_0_3(monkeypatch) -> None:
+    """cuda.core 0.3 (pinned): ``import cuda.core`` works, ``Device`` lives in ``cuda.core.experimental``."""
+    import sys
+    import types
+
+    from reshard_nvshmem import symmetric
+
+    cuda, core, experimental = (types.ModuleType(n) for n in ("cuda", "cuda.core", "cuda.core.experimental"))
+    experimental.Device = object
+    cuda.core, core.experimental = core, experimental
+    for name, module in (("cuda", cuda), ("cuda.core", core), ("cuda.core.experimental", experimental)):
+        monkeypatch.setitem(sys.modules, name, module)
+    assert symmetric._cuda_core() is experimental
+    core.Device = object  # cuda.core >= 0.4
+    assert symmetric._cuda_core() is core
+
+
+def test_init_status_is_read_as_nvshmem4pys_int() -> None:
+    from reshard_nvshmem import symmetric
+
+    for status, initialised in ((0, False), (1, False), (2, True), (3, True), (4, True)):
+        nv = FakeNvshmem(0)
+        nv.status = status
+        assert symmetric._is_initialised(nv) is initialised

@@ -92,8 +92,19 @@ class NcclCopyService(P2PCopyService):
         for device in {op.tensor.device for op in ops}:
             release_to_consumer(self._side_stream(device), torch.cuda.current_stream(device))
 
+    def _resolve_group(self, group: dist.ProcessGroup | None) -> tuple[dist.ProcessGroup | None, bool]:
+        """Always a communicator of our own over the group's ranks (made by those ranks only), so a
+        failure can abort it alone: aborting the caller's group, and above all the default group
+        (``_abort_process_group(None)`` aborts every process group of the job), would take the
+        application's communicators down with ours."""
+        return dist.new_group(
+            ranks=sorted(self.members), backend="nccl", use_local_synchronization=True
+        ), True
+
     def _give_up(self, flight: InFlight, failed_index: int) -> None:
-        dist.distributed_c10d._abort_process_group(self.comm)
+        """Abort our own communicator (never None, never one we do not own), then refuse further use."""
+        if self._owns_comm and self.comm is not None:
+            dist.distributed_c10d._abort_process_group(self.comm)
         self.comm, self._owns_comm, self._closed = None, False, True
 
     def close(self) -> None:

@@ -38,10 +38,15 @@ def load_nvshmem() -> tuple[Any, str | None]:
 
 
 def _cuda_core() -> Any:
+    """The cuda.core namespace that has ``Device``: ``cuda.core`` from 0.4 on, ``cuda.core.experimental``
+    in 0.3 (the pinned version), where ``import cuda.core`` succeeds but has no ``Device``."""
     try:
-        return importlib.import_module("cuda.core")
+        module = importlib.import_module("cuda.core")
+        if hasattr(module, "Device"):
+            return module
     except ImportError:
-        return importlib.import_module("cuda.core.experimental")
+        pass
+    return importlib.import_module("cuda.core.experimental")
 
 
 class NvshmemRuntime:
@@ -86,7 +91,23 @@ def _is_initialised(nv: Any) -> bool:
         status = nv.init_status()
     except Exception:
         return False
-    return getattr(status, "name", None) in ("STATUS_IS_INITIALIZED", "STATUS_LIMITED_MPG", "STATUS_FULL_MPG")
+    return _status_code(status) in _INITIALISED
+
+
+# nvshmemx_init_status_t: NOT_INITIALIZED 0, IS_BOOTSTRAPPED 1, IS_INITIALIZED 2, LIMITED_MPG 3, FULL_MPG 4
+_INITIALISED = frozenset({2, 3, 4})
+_STATUS_NAMES = {"STATUS_IS_INITIALIZED": 2, "STATUS_LIMITED_MPG": 3, "STATUS_FULL_MPG": 4}
+
+
+def _status_code(status: Any) -> int | None:
+    """``nvshmem.core.init_status()`` as the C enum's int: nvshmem4py returns a plain int; an enum
+    (``.value`` / ``.name``) is accepted too."""
+    if isinstance(status, int):
+        return int(status)
+    value = getattr(status, "value", None)
+    if isinstance(value, int):
+        return value
+    return _STATUS_NAMES.get(getattr(status, "name", None))
 
 
 def _init_from_group(nv: Any, group: dist.ProcessGroup | None, rank: int, size: int) -> None:
