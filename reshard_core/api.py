@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .errors import PlanError, ReshardError
+from .errors import PlanError, ReshardError, TransportError
 from .exchange import bounded, exchange_layouts
 from .exchange.options import check_options, option_digests
 from .exchange.verdict import Problems, raise_if_any
@@ -121,8 +121,9 @@ class Session:
         every tensor it was prepared with still sits where it was (same module attribute; same
         shape, dtype, stride, storage and layout), and raises ``ReshardError`` before any data moves
         if not or if a model was collected. Its peers then fail with ``TransportError`` within
-        ``timeout``; after a change call ``prepare`` again on every rank. Collective with every peer
-        of the plan.
+        ``timeout``; after a change call ``prepare`` again on every rank. After a ``TransportError``
+        this session's transport is closed (when reshard made it) and forgotten: call ``prepare`` (or
+        ``refit``) again for a fresh one. Collective with every peer of the plan.
         """
         start = time.perf_counter()
         problem = self._changed()
@@ -154,13 +155,20 @@ class Session:
         return None
 
     def _execute(self, cast: bool) -> ExecStats:
+        """Run the plan once. A ``TransportError`` (every error from inside the transport is one, see
+        ``execute_plan``) forgets the transport: it is closed and dropped from the cache with every
+        session using it, so the next ``refit`` builds a fresh one (its peers' state is unknown)."""
         with torch.no_grad():  # destinations are usually leaf Parameters that require grad
             for source in self.refreshers:
                 source.refresh_source()
-            return execute_plan(
-                self.plan, self.src_tensors, self.dst_tensors, self.transport,
-                transform=self.transforms or None, cast=cast, pool=self.pool, memo=self.memo,
-            )  # fmt: skip
+            try:
+                return execute_plan(
+                    self.plan, self.src_tensors, self.dst_tensors, self.transport,
+                    transform=self.transforms or None, cast=cast, pool=self.pool, memo=self.memo,
+                )  # fmt: skip
+            except TransportError:
+                _forget_transport(self.transport)
+                raise
 
 
 @dataclass
@@ -316,6 +324,23 @@ def clear_caches() -> None:
     for service in _transports.values():
         service.close()
     _transports.clear()
+
+
+def _forget_transport(service: CopyService) -> None:
+    """Drop every cached session using ``service``; close it when it is one of ours (``_transports``),
+    never one the caller passed in."""
+    for key, cached in list(_sessions.items()):
+        if cached.session.transport is service:
+            for finalizer in cached.finalizers:
+                finalizer.detach()
+            del _sessions[key]
+    for key, cached_service in list(_transports.items()):
+        if cached_service is service:
+            del _transports[key]
+            try:
+                service.close()
+            except Exception:  # closing a broken transport is best effort; the refit's error matters
+                pass
 
 
 def _report(session: Session, stats: ExecStats, reused: bool, total: float) -> RefitReport:

@@ -22,6 +22,7 @@ subclasses, NVSHMEM) get that overlap; others are driven through ``run()``, one 
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -95,7 +96,9 @@ def execute_plan(
     never count). ``memo``: what executions of this plan on these same tensors may reuse (the
     input check's verdict, the schedule, region views, message recipes; see ``ExecMemo`` for the
     promise it takes). Inputs are checked before any data moves (``PlanError``); transport
-    failures raise ``TransportError`` naming the rank, batch and peer.
+    failures, and any other error raised inside the transport's code, raise ``TransportError``
+    prefixed once with the transport and the plugin providing it (``transport 'gloo' (plugin
+    reshard-gloo): rank 1, batch 0: gloo: recv from rank 0 ... failed: ...``).
     """
     started = time.perf_counter()
     owners = assign_transforms(transform, plan.tensors)
@@ -113,7 +116,13 @@ def execute_plan(
     if schedule is None:
         schedule = memo.schedules[names] = build_schedule(plan, names)
     ctx.stats.batches = len(schedule.batches)
-    _pipeline(ctx, schedule, transport, window)
+    try:
+        _pipeline(ctx, schedule, transport, window)
+    except Exception as exc:
+        named = _named_transport_error(exc, transport)
+        if named is None:
+            raise
+        raise named from exc
     ctx.stats.peak_staging_bytes = ctx.meter.peak
     ctx.stats.seconds_total = time.perf_counter() - started
     return ctx.stats
@@ -151,6 +160,35 @@ def _pipeline(ctx: ExecContext, schedule: Schedule, transport: CopyService, wind
     except BaseException as exc:
         _settle(flying, give_up=isinstance(exc, TransportError))
         raise
+
+
+def _named_transport_error(exc: Exception, transport: CopyService) -> TransportError | None:
+    """``exc`` as a ``TransportError`` prefixed once with the transport and the plugin providing it
+    (``transport 'gloo' (plugin reshard-gloo): ...``), when it is a ``TransportError`` or was raised
+    inside the transport's own code; None for any other error (the executor's, a transform's)."""
+    if not isinstance(exc, TransportError) and not _raised_in(exc, type(transport)):
+        return None
+    from ..transport.registry import transport_label
+
+    text = str(exc) if isinstance(exc, TransportError) else f"{type(exc).__name__}: {exc}"
+    return TransportError(f"{transport_label(type(transport))}: {text}")
+
+
+def _raised_in(exc: BaseException, cls: type) -> bool:
+    """Whether ``exc`` passed through code of a module defining ``cls`` or one of its bases."""
+    files = set()
+    for base in cls.__mro__:
+        if isinstance(base, type) and issubclass(base, CopyService):
+            try:
+                files.add(inspect.getfile(base))
+            except (TypeError, OSError):
+                pass
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename in files:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _finishes(flights: list[Flight], finals: Mapping[int, list[str]]) -> bool:

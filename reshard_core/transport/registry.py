@@ -92,3 +92,18 @@ def _load(claim: EntryPointClaim) -> object:
         on_missing_entrypoints_callback=None,
     )
     return manager.driver
+
+
+def transport_label(cls: type) -> str:
+    """How errors name a transport class: ``transport 'gloo' (plugin reshard-gloo)`` for one an installed
+    distribution registers, else its name and defining module (e.g. a ``CopyService`` passed in-process)."""
+    target = f"{cls.__module__}:{cls.__qualname__}"
+    name = getattr(cls, "name", "") or cls.__name__
+    try:
+        for claims in entry_point_claims(TRANSPORT_GROUP).values():
+            for claim in claims:
+                if claim.entry_point.value.replace(" ", "") == target:
+                    return f"transport '{claim.entry_point.name}' (plugin {claim.distribution})"
+    except Exception:  # naming must never hide the error being reported
+        pass
+    return f"transport '{name}' (not a plugin: {cls.__module__}.{cls.__qualname__})"

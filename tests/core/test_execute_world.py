@@ -331,9 +331,13 @@ def test_a_stalled_rank_makes_every_peer_raise_within_the_timeout_naming_it():
         message, _ = results[rank]
         task = (0 << 40) | (0 << 20) | rank
         assert message == (
-            f"rank {rank}, batch 0: gloo: recv from rank 0 (task {task}, 64 bytes) failed: "
+            f"transport 'gloo' (plugin reshard-gloo): rank {rank}, batch 0: gloo: recv from rank 0 "
+            f"(task {task}, 64 bytes) failed: "
             "timed out after 2 s"
         )
+
+
+GLOO = "transport 'gloo' (plugin reshard-gloo): "
 
 
 class WaitCounting(GlooCopyService):
@@ -371,8 +375,10 @@ def test_a_stalled_rank_with_many_batches_in_flight_costs_one_timeout_not_one_pe
         message, batches, blocking_waits = results[rank]
         task = (0 << 40) | (0 << 20) | rank
         assert batches == 5
-        assert message == (
-            f"rank {rank}, batch 0: gloo: recv from rank 0 (task {task}, 64 bytes) failed: "
+        assert message == (  # a subclass defined here is named by its module, not a plugin
+            f"transport 'gloo' (not a plugin: {WaitCounting.__module__}.WaitCounting): "
+            f"rank {rank}, batch 0: gloo: recv from rank 0 "
+            f"(task {task}, 64 bytes) failed: "
             "timed out after 2 s"
         )
         assert blocking_waits == 1  # the other batches' receives were given up, not waited out
@@ -395,7 +401,6 @@ def test_a_killed_rank_makes_every_peer_raise_naming_it():
     assert "ranks 0 (exit code 3) died without reporting" in text
     for rank in (1, 2):
         section = text.split(f"rank {rank} failed:\n", 1)[1].splitlines()[0]
-        assert section.startswith(f"TransportError: rank {rank}, batch 0: gloo: ")
+        assert section.startswith(f"TransportError: {GLOO}rank {rank}, batch 0: gloo: ")
         assert "from rank 0 (task" in section
         assert section.endswith("connection closed by the peer (it exited, failed or gave up)")
-

@@ -74,7 +74,8 @@ def _world(rank: int, world: int, how: str):
 
 def _expected(rank: int, reason: str) -> str:
     task = rank  # batch 0, from rank 0, to this rank
-    return f"rank {rank}, batch 0: gloo: recv from rank 0 (task {task}, 64 bytes) failed: {reason}"
+    where = f"transport 'gloo' (plugin reshard-gloo): rank {rank}, batch 0"
+    return f"{where}: gloo: recv from rank 0 (task {task}, 64 bytes) failed: {reason}"
 
 
 def test_a_stalled_rank_makes_every_peer_raise_within_the_timeout_naming_it():
