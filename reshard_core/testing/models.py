@@ -100,6 +100,7 @@ def build_gpt(
     parallel_output: bool = True,
     normalization: str = "LayerNorm",
     rope: bool = False,
+    cpu_moe_forward: bool = False,
 ):
     """A Megatron-Core ``GPTModel`` (local layer spec, CPU init, ``dtype``) in ``pg_collection``'s layout.
 
@@ -111,7 +112,9 @@ def build_gpt(
     TP>1 needs ``bias=False`` (Megatron supports MoE bias only with expert TP 1).
     ``parallel_output=False`` gathers the logits over TP (whole vocabulary on every rank).
     ``normalization="RMSNorm"`` and ``rope=True`` give a Llama-like model (no norm biases, no learned
-    position embedding). Returns None when ``pg_collection`` is None (rank outside the grid).
+    position embedding). ``cpu_moe_forward`` builds MoE layers whose forward runs on CPU (allgather
+    token dispatcher, since alltoall's creates a CUDA stream; no load-balancing loss); parameters are
+    the same either way. Returns None when ``pg_collection`` is None (rank outside the grid).
     """
     if pg_collection is None:
         return None
@@ -125,6 +128,9 @@ def build_gpt(
     if num_moe_experts:
         extra = dict(num_moe_experts=num_moe_experts, moe_ffn_hidden_size=ffn_hidden_size, moe_router_topk=2,
                      expert_model_parallel_size=ep, moe_grouped_gemm=False)  # fmt: skip
+        if cpu_moe_forward:
+            extra.update(moe_token_dispatcher_type="allgather", moe_router_load_balancing_type="none",
+                         moe_aux_loss_coeff=0.0)  # fmt: skip
     config = TransformerConfig(
         num_layers=num_layers, hidden_size=hidden_size, num_attention_heads=num_attention_heads,
         num_query_groups=num_query_groups, ffn_hidden_size=ffn_hidden_size, gated_linear_unit=gated,

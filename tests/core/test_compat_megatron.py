@@ -5,10 +5,10 @@ query groups, hidden 32; every layout fills the 4 ranks with data parallelism). 
 ``[model]`` lists, as Megatron's training loop passes them. Per case the source is built from seed
 7 and the destination from seed 8; a third model, built by Megatron from seed 7 in the destination
 layout, is the reference. After ``swap_model_weights`` every destination parameter and buffer must
-equal the reference bit for bit, and, for dense models, the destination's logits (Megatron's
-forward on CPU, pipeline stages chained by hand) must equal the reference's bit for bit and the
-source's up to float summation order (a changed TP size reorders sums). MoE models are checked bit
-for bit only: Megatron's MoE token dispatcher needs CUDA for a forward.
+equal the reference bit for bit, and the destination's logits (Megatron's forward on CPU, pipeline
+stages chained by hand) must equal the reference's bit for bit and the source's up to float
+summation order (a changed TP size reorders sums). MoE models are built for a CPU forward
+(allgather token dispatcher, no load-balancing loss) and run with a causal attention mask.
 
 Also covered in the same worlds: a Megatron ``CopyService`` instance as ``refit_method``,
 ``post_refit``/``refresh_cache`` hooks, the second swap reusing the prepared session with the
@@ -28,7 +28,8 @@ pytestmark = pytest.mark.slow
 WORLD = 4
 GPT = dict(hidden_size=32, num_attention_heads=8, num_query_groups=4, ffn_hidden_size=64)
 DENSE_KW = dict(GPT, num_layers=4, parallel_output=False)
-MOE_KW = dict(GPT, num_layers=2, num_moe_experts=4, expert_bias=True, bias=False)  # MoE bias: expert TP 1
+MOE_KW = dict(GPT, num_layers=2, num_moe_experts=4, expert_bias=True, bias=False,  # MoE bias: expert TP 1
+              parallel_output=False, cpu_moe_forward=True)  # fmt: skip
 DENSE = {  # name: (tp, pp, ep) source, (tp, pp, ep) destination
     "tp2->tp1": ((2, 1, 1), (1, 1, 1)),
     "tp1->tp2": ((1, 1, 1), (2, 1, 1)),
@@ -101,7 +102,7 @@ def _install_hooks(dst, reference) -> dict[str, list[bool]]:
     return calls
 
 
-def _swap_case(name, src_layout, dst_layout, kwargs, *, forward: bool) -> dict:
+def _swap_case(name, src_layout, dst_layout, kwargs, *, causal: bool = False) -> dict:
     from reshard_core.compat.megatron import swap_model_weights
     from reshard_core.testing.megatron_forward import gpt_inputs, gpt_logits
     from reshard_core.testing.models import build_gpt, build_pg_collection
@@ -112,20 +113,18 @@ def _swap_case(name, src_layout, dst_layout, kwargs, *, forward: bool) -> dict:
     method = _megatron_service() if name in MEGATRON_SERVICE_CASES else "gloo"
     calls = _install_hooks(dst, reference) if name == HOOK_CASE else None
     facts = {"weights": len(_weights(dst)), "before": _differing(dst, reference)}
-    if forward:
-        inputs = gpt_inputs(2, 8, 128)
-        src_logits, before_logits = gpt_logits(src, *inputs), gpt_logits(dst, *inputs)
+    inputs = gpt_inputs(2, 8, 128, causal=causal)
+    src_logits, before_logits = gpt_logits(src, *inputs), gpt_logits(dst, *inputs)
     pointers = {n: t.data_ptr() for n, t in _weights(dst).items()}
     first = swap_model_weights([src], [dst], method)
     facts["after_first"] = _differing(dst, reference)
-    if forward:
-        after_logits, ref_logits = gpt_logits(dst, *inputs), gpt_logits(reference, *inputs)
-        facts["logits"] = {
-            "scale": src_logits.abs().max().item(),
-            "before": (before_logits - src_logits).abs().max().item(),
-            "after": (after_logits - src_logits).abs().max().item(),
-            "equals_reference": torch.equal(after_logits, ref_logits),
-        }
+    after_logits, ref_logits = gpt_logits(dst, *inputs), gpt_logits(reference, *inputs)
+    facts["logits"] = {
+        "scale": src_logits.abs().max().item(),
+        "before": (before_logits - src_logits).abs().max().item(),
+        "after": (after_logits - src_logits).abs().max().item(),
+        "equals_reference": torch.equal(after_logits, ref_logits),
+    }
     with torch.no_grad():
         for t in _weights(dst).values():
             t.zero_()
@@ -191,7 +190,7 @@ def _dense_world(rank: int, world: int) -> dict:
 
     init_megatron()
     allow_cpu_forward()
-    out = {name: _swap_case(name, s, d, DENSE_KW, forward=True) for name, (s, d) in DENSE.items()}
+    out = {name: _swap_case(name, s, d, DENSE_KW) for name, (s, d) in DENSE.items()}
     out["mxfp8"] = _mxfp8_case()
     clear_all_caches()
     return out
@@ -199,10 +198,12 @@ def _dense_world(rank: int, world: int) -> dict:
 
 def _moe_world(rank: int, world: int) -> dict:
     from reshard_core.compat.megatron import clear_all_caches
+    from reshard_core.testing.megatron_forward import allow_cpu_forward
     from reshard_core.testing.models import init_megatron
 
     init_megatron()
-    out = {name: _swap_case(name, s, d, MOE_KW, forward=False) for name, (s, d) in MOE.items()}
+    allow_cpu_forward()
+    out = {name: _swap_case(name, s, d, MOE_KW, causal=True) for name, (s, d) in MOE.items()}
     clear_all_caches()
     return out
 
@@ -232,18 +233,27 @@ def test_dense_scenario_is_bit_exact(dense, case):
     _check_bit_exact(dense, case)
 
 
-@pytest.mark.parametrize("case", DENSE)
-def test_dense_scenario_logits_match_the_source(dense, case):
-    for rank, out in enumerate(dense):
+def _check_logits(results, case):
+    for rank, out in enumerate(results):
         logits = out[case]["logits"]
         assert logits["equals_reference"], rank
         assert logits["before"] > 1.0, (rank, logits)  # the destination started with other weights
         assert logits["after"] <= 1e-4 * logits["scale"], (rank, logits)
 
 
+@pytest.mark.parametrize("case", DENSE)
+def test_dense_scenario_logits_match_the_source(dense, case):
+    _check_logits(dense, case)
+
+
 @pytest.mark.parametrize("case", MOE)
 def test_moe_scenario_is_bit_exact(moe, case):
     _check_bit_exact(moe, case)
+
+
+@pytest.mark.parametrize("case", MOE)
+def test_moe_scenario_logits_match_the_source(moe, case):
+    _check_logits(moe, case)
 
 
 @pytest.mark.parametrize("case", sorted(MEGATRON_SERVICE_CASES))
