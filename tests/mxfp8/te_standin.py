@@ -153,3 +153,32 @@ def _copy_planes(dst, src) -> None:
         ds, ss = getattr(dst, s), getattr(src, s)
         r, c = min(ds.shape[0], ss.shape[0]), min(ds.shape[1], ss.shape[1])
         ds[:r, :c].copy_(ss[:r, :c])
+
+
+class StandInFloat8BlockwiseQTensor:
+    """Fields of TE's ``Float8BlockwiseQTensor`` (1x128 / 128x128 blocks, fp32 scales): MXFP8-like planes
+    plus ``_is_2D_scaled``; enough to check the extractor refuses it."""
+
+    def __init__(self, shape: tuple[int, int], two_d: bool = False) -> None:
+        m, k = shape
+        self.shape, self.device = shape, torch.device("cpu")
+        self._rowwise_data = torch.zeros(shape, dtype=torch.uint8)
+        self._rowwise_scale_inv = torch.ones(-(-k // 128), m, dtype=torch.float32)
+        self._columnwise_data = torch.zeros(k, m, dtype=torch.uint8)
+        self._columnwise_scale_inv = torch.ones(-(-m // 128), k, dtype=torch.float32)
+        self._fp8_dtype, self._is_2D_scaled = E4M3, two_d
+
+
+class StandInNVFP4Tensor:
+    """Fields of TE's ``NVFP4Tensor`` (packed E2M1 pairs, E4M3 scales per 16, per-tensor amax): MXFP8-like
+    plane names plus ``_fp4_dtype`` and ``_amax_rowwise``; enough to check the extractor refuses it."""
+
+    def __init__(self, shape: tuple[int, int]) -> None:
+        m, k = shape
+        self.shape, self.device = shape, torch.device("cpu")
+        self._rowwise_data = torch.zeros(m, k // 2, dtype=torch.uint8)
+        self._rowwise_scale_inv = torch.zeros(m, k // 16, dtype=torch.uint8)
+        self._columnwise_data = torch.zeros(k, m // 2, dtype=torch.uint8)
+        self._columnwise_scale_inv = torch.zeros(k, m // 16, dtype=torch.uint8)
+        self._amax_rowwise = self._amax_columnwise = torch.ones(1)
+        self._fp4_dtype = "DType.kFloat4E2M1"

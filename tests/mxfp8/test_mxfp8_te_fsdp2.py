@@ -237,6 +237,34 @@ def test_float8_lookalike_dequantizes_like_te():
     assert torch.equal(src.buffer, want)
 
 
+def test_blockwise_fp8_and_nvfp4_are_refused_not_read_as_mxfp8():
+    from reshard_mxfp8.te_extract import te_kind
+    from te_standin import StandInFloat8BlockwiseQTensor, StandInMXFP8Tensor, StandInNVFP4Tensor
+
+    from reshard_core.extract import ExtractError
+
+    cases = [
+        (StandInFloat8BlockwiseQTensor((256, 128)), "StandInFloat8BlockwiseQTensor"),
+        (StandInFloat8BlockwiseQTensor((256, 128), two_d=True), "StandInFloat8BlockwiseQTensor"),
+        (StandInNVFP4Tensor((256, 128)), "StandInNVFP4Tensor"),
+    ]
+    for t, type_name in cases:
+        with pytest.raises(ExtractError) as err:
+            te_kind(t, "layers.0.fc1.weight")
+        assert str(err.value) == (
+            f"tensor 'layers.0.fc1.weight': TE quantized tensor of type {type_name} is not supported; "
+            f"reshard reads TE MXFP8Tensor and Float8Tensor params only (blockwise FP8 and NVFP4 scales "
+            f"are not MXFP8)"
+        )
+    # TE's own class names decide before the fields: a class named like TE's blockwise tensor is refused
+    blockwise = type("Float8BlockwiseQTensor", (), {"__module__": "transformer_engine.pytorch.tensor"})()
+    blockwise._rowwise_scale_inv = blockwise._columnwise_scale_inv = torch.ones(1)
+    with pytest.raises(ExtractError, match="type Float8BlockwiseQTensor is not supported"):
+        te_kind(blockwise, "w")
+    assert te_kind(StandInMXFP8Tensor.quantized(_full(6)[0])) == "mxfp8"
+    assert te_kind(torch.ones(2)) is None
+
+
 def _te_available() -> bool:
     try:
         import transformer_engine.pytorch  # noqa: F401

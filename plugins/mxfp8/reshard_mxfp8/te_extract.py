@@ -55,15 +55,43 @@ def configure_te_extraction(*, allow_columnwise: bool | None = None, ship_planes
     return previous
 
 
-def te_kind(local) -> str | None:
-    """``"mxfp8"``, ``"float8"`` or None for a tensor that does not look like a TE quantized tensor."""
+_MXFP8_CLASSES = frozenset({"MXFP8Tensor", "MXFP8TensorBase", "MXFP8TensorStorage"})
+_FLOAT8_CLASSES = frozenset({"Float8Tensor", "Float8TensorBase", "Float8TensorStorage"})
+# fields only TE's other quantized tensors carry: Float8BlockwiseQTensor (``_is_2D_scaled``) and NVFP4Tensor
+# (``_fp4_dtype``, ``_amax_rowwise``/``_amax_columnwise``); they also hold ``_rowwise_scale_inv`` planes
+_OTHER_TE_FIELDS = ("_is_2D_scaled", "_fp4_dtype", "_amax_rowwise", "_amax_columnwise")
+
+
+def te_kind(local, name: str = "?") -> str | None:
+    """``"mxfp8"``, ``"float8"`` or None for a tensor that does not look like a TE quantized tensor.
+
+    TE's class names decide first (``MXFP8Tensor``/``Float8Tensor`` and their storage bases); other
+    classes are duck-typed by their fields. Any other TE quantized tensor (blockwise FP8, NVFP4, or any
+    class from ``transformer_engine`` with planes) raises ``ExtractError`` naming ``name`` and its type:
+    their planes look like MXFP8's but hold other scales, so reading them as MXFP8 would be silently wrong.
+    """
     try:
-        if hasattr(local, "_rowwise_scale_inv") and hasattr(local, "_columnwise_scale_inv"):
+        mro = type(local).__mro__
+        classes = {c.__name__ for c in mro}
+        if classes & _MXFP8_CLASSES:
             return "mxfp8"
-        if hasattr(local, "_data") and hasattr(local, "_scale_inv"):
+        if classes & _FLOAT8_CLASSES:
             return "float8"
+        planes = hasattr(local, "_rowwise_scale_inv") or hasattr(local, "_scale_inv")
+        from_te = any(c.__module__.startswith("transformer_engine") for c in mro)
+        other = any(hasattr(local, f) for f in _OTHER_TE_FIELDS)
     except Exception:  # exotic wrappers may raise from attribute access
         return None
+    if other or (from_te and planes):
+        raise _error(
+            f"tensor '{name}': TE quantized tensor of type {type(local).__name__} is not supported; "
+            f"reshard reads TE MXFP8Tensor and Float8Tensor params only (blockwise FP8 and NVFP4 scales "
+            f"are not MXFP8)"
+        )
+    if hasattr(local, "_rowwise_scale_inv") and hasattr(local, "_columnwise_scale_inv"):
+        return "mxfp8"
+    if hasattr(local, "_data") and hasattr(local, "_scale_inv"):
+        return "float8"
     return None
 
 
@@ -168,10 +196,10 @@ def extract_te_param(qualname: str, tensor, context) -> list | None:
     if not is_dtensor(tensor):
         return None
     local = tensor._local_tensor
-    kind = te_kind(local)
+    name = strip_wrappers(qualname)
+    kind = te_kind(local, name)
     if kind is None:
         return None  # includes TE's uneven fallback: a plain high-precision shard
-    name = strip_wrappers(qualname)
     shape = tuple(tensor.shape)
     layout = dtensor_layout(name, shape, tensor.device_mesh, tensor.placements)
     expected = layout.local_shape(shape, context.rank)
