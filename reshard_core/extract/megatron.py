@@ -21,7 +21,10 @@ its own layout under the same name (replicas to the planner). Size-1 mesh dims a
 Names: stage-local ``decoder.layers.K`` becomes ``decoder.layers.{layer_number - 1}`` (longest
 owning module with an int ``layer_number`` and a numeric last name part, as Megatron's refit does);
 ``experts.local_experts.K`` and TE grouped ``experts.linear_fc1.weightK`` / ``biasK`` get global
-expert index ``ep_rank * num_local + K``.
+expert index ``ep_rank * num_local + K``. With tied embeddings under PP>1 the last stage holds its
+own copy of the word embeddings as ``output_layer.weight`` (marked ``shared_embedding`` by
+Megatron, or owned by a model with ``share_embeddings_and_output_weights``): it is reported as
+another replica of ``embedding.word_embeddings.weight``, so tied models of any PP size match.
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ def extract_megatron(
             return None
         pgs = _parallel_state_groups(qualname)
     is_expert = getattr(tensor, "allreduce", True) is False
-    name = _canonical_name(qualname, owner, info, pgs, is_expert, context)
+    name = _canonical_name(qualname, tensor, owner, info, pgs, is_expert, context)
     tp_group = _group(pgs, "expt_tp", "tp") if is_expert else _group(pgs, "tp")
     rep_group = _group(pgs, "expt_dp") if is_expert else _group(pgs, "dp_cp", "dp")
     tp = context.group_ranks(tp_group) if tp_group is not None else (context.rank,)
@@ -163,6 +166,7 @@ def _layout(tp: tuple[int, ...], reps: tuple[int, ...], placement: Any, context:
 
 def _canonical_name(
     qualname: str,
+    tensor: torch.Tensor,
     owner: torch.nn.Module,
     info: _ModelInfo,
     pgs: Any,
@@ -179,7 +183,16 @@ def _canonical_name(
         if mapped is not None:
             parts[i - 1] = mapped.rsplit(".", 1)[-1]
             break
+    if parts[-2:] == ["output_layer", "weight"] and _tied_output(tensor, info, ".".join(local[:-2])):
+        parts[-2:] = ["embedding", "word_embeddings", "weight"]
     return strip_wrappers(".".join(parts))
+
+
+def _tied_output(tensor: torch.Tensor, info: _ModelInfo, model_name: str) -> bool:
+    """Whether ``tensor`` (an ``output_layer.weight``) is the last stage's copy of tied embeddings."""
+    if getattr(tensor, "shared_embedding", False):
+        return True
+    return getattr(info.modules.get(model_name), "share_embeddings_and_output_weights", False) is True
 
 
 def _globalize_expert(qualname, parts, owner, info, pgs, context) -> None:

@@ -1,0 +1,87 @@
+"""Megatron corner cases from Megatron's own test scenarios (CPU, Gloo worlds of 2 ranks).
+
+Tied embeddings under PP>1: the last stage holds its own ``output_layer.weight``, a copy of
+``embedding.word_embeddings.weight``; a refit between tied PP2 and tied PP1 (which has no
+``output_layer.weight``) needs no ``ignore=`` or ``tied=``. Each destination must equal, bit for
+bit, a reference built by Megatron from the source's seed in the destination layout.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reshard_core.testing.world import run_world
+
+pytest.importorskip("megatron.core")
+pytestmark = pytest.mark.slow
+
+KWARGS = dict(num_layers=2, tied=True)
+CASES = {"tied pp2->pp1": ((1, 2, 1), (1, 1, 1)), "tied pp1->pp2": ((1, 1, 1), (1, 2, 1))}
+
+
+def _tied_gpt(layout: tuple[int, int, int], seed: int):
+    """``build_gpt(tied=True)`` in ``layout``; with PP>1 the last stage's output layer is then made
+    the first stage's embedding again, as Megatron's constructor does (zero it, all-reduce)."""
+    import torch.distributed as dist
+
+    from reshard_core.testing.models import build_gpt, build_pg_collection
+
+    pgs = build_pg_collection(*layout)
+    cuda = torch.Tensor.cuda
+    torch.Tensor.cuda = lambda self, *a, **k: self  # the tied PP>1 constructor all-reduces on "cuda"
+    try:
+        model = build_gpt(pgs, seed=seed, **KWARGS)
+    finally:
+        torch.Tensor.cuda = cuda
+    if pgs.pp.size() > 1:
+        weight = model.shared_embedding_or_output_weight()
+        with torch.no_grad():
+            if not model.pre_process:
+                weight.zero_()
+            dist.all_reduce(weight.data, group=pgs.embd)
+    return model
+
+
+def _weights(model) -> dict[str, torch.Tensor]:
+    return {**dict(model.named_parameters()), **dict(model.named_buffers())}
+
+
+def _world(rank: int, world: int) -> dict:
+    import reshard_core
+    from reshard_core.testing.models import init_megatron
+
+    init_megatron()
+    out = {}
+    for name, (src_layout, dst_layout) in CASES.items():
+        src = _tied_gpt(src_layout, seed=7)
+        dst = _tied_gpt(dst_layout, seed=8)
+        reference = _tied_gpt(dst_layout, seed=7)
+        got, want = _weights(dst), _weights(reference)
+        before = sorted(n for n in want if not torch.equal(got[n], want[n]))
+        reshard_core.refit(src, dst, timeout=60)
+        out[name] = {
+            "names": sorted(got),
+            "before": before,
+            "after": sorted(n for n in want if not torch.equal(got[n], want[n])),
+            "tied_equal": torch.equal(
+                dst.shared_embedding_or_output_weight(),
+                want.get("embedding.word_embeddings.weight", want.get("output_layer.weight")),
+            ),
+        }
+    reshard_core.clear_caches()
+    return out
+
+
+def test_tied_embeddings_refit_between_pp2_and_pp1_without_options():
+    results = run_world(_world, 2, timeout=240)
+    for name, (_, dst_layout) in CASES.items():
+        last = results[1][name]
+        if dst_layout[1] == 2:  # the last stage of the destination holds the tied copy
+            assert "output_layer.weight" in last["names"]
+            assert "output_layer.weight" in last["before"]
+        for rank in range(2):
+            got = results[rank][name]
+            assert got["before"], (name, rank)
+            assert got["after"] == [], (name, rank)
+            assert got["tied_equal"], (name, rank)
