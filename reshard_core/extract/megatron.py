@@ -6,9 +6,10 @@ else any ancestor), and any tensor with Megatron's TP attributes (``tensor_model
 ``pg_collection``; without one, from ``megatron.core.parallel_state`` only if the caller's program
 already imported and initialised it.
 
-Groups per param: expert params (``allreduce is False``) split over ``expt_tp`` (else ``tp``) and
-are replicated over ``expt_dp``; the others split over ``tp`` and are replicated over ``dp_cp``
-(else ``dp``). Params without TP attributes are replicated over both.
+Groups per param: expert params (``allreduce is False``, or any tensor under an ``experts`` module
+whatever ``allreduce`` says, as Megatron sets it True for experts when EP is 1) split over
+``expt_tp`` (else ``tp``) and are replicated over ``expt_dp``; the others split over ``tp`` and are
+replicated over ``dp_cp`` (else ``dp``). Params without TP attributes are replicated over both.
 
 Mesh: ``(replicas, tp)`` as a 2-d grid when ``context.replica_grid`` (default), built as
 ``rank(j, i) = D[j] + T[i] - me`` from this rank's replica roster D and TP roster T. That is exact
@@ -81,7 +82,8 @@ def extract_megatron(
         if not any(hasattr(tensor, a) for a in _TP_ATTRS):
             return None
         pgs = _parallel_state_groups(qualname)
-    is_expert = getattr(tensor, "allreduce", True) is False
+    # EP=1 leaves experts with allreduce=True, yet they still split over expert TP
+    is_expert = getattr(tensor, "allreduce", True) is False or "experts" in qualname.split(".")[:-1]
     name = _canonical_name(qualname, tensor, owner, info, pgs, is_expert, context)
     tp_group = _group(pgs, "expt_tp", "tp") if is_expert else _group(pgs, "tp")
     rep_group = _group(pgs, "expt_dp") if is_expert else _group(pgs, "dp_cp", "dp")

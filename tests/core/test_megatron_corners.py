@@ -85,3 +85,38 @@ def test_tied_embeddings_refit_between_pp2_and_pp1_without_options():
             assert got["before"], (name, rank)
             assert got["after"] == [], (name, rank)
             assert got["tied_equal"], (name, rank)
+
+
+def test_experts_split_over_expert_tp_even_with_allreduce_true():
+    """EP=1 with expert TP 1 and dense TP 2 (rank 1 of 2): Megatron leaves ``allreduce=True`` on the
+    experts, which must still split over ``expt_tp`` and replicate over ``expt_dp``."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from reshard_core.extract import ExtractContext, extract_specs
+    from reshard_core.layout import Layout, Mesh, Replicate, Shard
+
+    def tp_param() -> nn.Parameter:
+        p = nn.Parameter(torch.zeros(4, 3))
+        p.tensor_model_parallel, p.partition_dim, p.partition_stride, p.allreduce = True, 0, 1, True
+        return p
+
+    rosters = {"tp": (0, 1), "dp": (1,), "ep": (1,), "expt_tp": (1,), "expt_dp": (0, 1)}
+    groups = {name: object() for name in rosters}
+    ctx = ExtractContext(rank=1, world=2)
+    for name, ranks in rosters.items():
+        ctx.caches[("ranks", id(groups[name]))] = ranks
+    model = nn.Module()
+    model.pg_collection = SimpleNamespace(**groups)
+    model.mlp = nn.Module()
+    model.mlp.experts = nn.Module()
+    model.mlp.experts.linear_fc1 = nn.Module()
+    model.mlp.experts.linear_fc1.weight = tp_param()
+    model.mlp.shared_experts = nn.Module()
+    model.mlp.shared_experts.weight = tp_param()
+    got = {s.meta.name: (s.meta.shape, s.layout) for s in extract_specs(model, "src", context=ctx)}
+    assert got == {
+        "mlp.experts.linear_fc1.weight": ((4, 3), Layout(Mesh((0, 1), (2,)), (Replicate(),))),
+        "mlp.shared_experts.weight": ((8, 3), Layout(Mesh((0, 1), (2,)), (Shard(0),))),
+    }
