@@ -5,6 +5,9 @@ slot_bytes]`` and signal words ``[world, slots + world]``): made in shared memor
 is spawned, or mapped from files named by ``HEAP_ENV`` (for worlds spawned by others, such as the
 conformance suite). Each stream is a worker thread running its operations in order; a wait spins on
 a shared word, a put copies into the peer's slot and then adds to the peer's word under a lock.
+Completion is per stream, as with CUDA events: ``end()`` marks how far the run's streams (the receive
+stream and the send streams it used since ``begin()``) must get, and ``finish`` waits for those marks
+only; ``put_gate`` holds puts to a peer back, to open the window a missed stream leaves.
 Only the NVSHMEM calls are emulated: the transport, handshake, layouts, ledger and engine are the
 real ones.
 """
@@ -31,18 +34,23 @@ MAX_WORLD = 4
 
 
 class _Stream:
-    """Runs submitted callables in order on a daemon thread."""
+    """Runs submitted callables in order on a daemon thread; ``done`` counts the finished ones."""
 
     def __init__(self) -> None:
         self.ops: queue.Queue[Callable[[], None] | None] = queue.Queue()
-        self.idle = threading.Event()
-        self.idle.set()
+        self.submitted = self.done = 0
+        self.progress = threading.Condition()
         self.error: BaseException | None = None
         threading.Thread(target=self._loop, daemon=True).start()
 
     def submit(self, op: Callable[[], None]) -> None:
-        self.idle.clear()
+        self.submitted += 1
         self.ops.put(op)
+
+    def reached(self, mark: int, timeout: float) -> bool:
+        """Wait until ``mark`` operations finished (an event recorded after them completed)."""
+        with self.progress:
+            return self.progress.wait_for(lambda: self.done >= mark, timeout)
 
     def _loop(self) -> None:
         while (op := self.ops.get()) is not None:
@@ -50,8 +58,9 @@ class _Stream:
                 op()
             except BaseException as exc:  # surfaced by finish()
                 self.error = exc
-            if self.ops.empty():
-                self.idle.set()
+            with self.progress:
+                self.done += 1
+                self.progress.notify_all()
 
 
 class EmulatedStaging:
@@ -63,11 +72,15 @@ class EmulatedStaging:
         self.heap, self.signals, self.lock, self.me, self.config = slots, signals, lock, me, config
         self.ledger = SignalLedger(config.slots)
         self._streams: dict[object, _Stream] = {}
+        self._active: list[object] = []  # send streams used since begin(), like SymmetricStaging's
         self._stop = False
+        self.put_gate: dict[int, threading.Event] = {}  # peer -> puts to it wait for this before copying
 
     def _stream(self, key: object) -> _Stream:
         if key not in self._streams:
             self._streams[key] = _Stream()
+        if key != "recv" and key not in self._active:
+            self._active.append(key)
         return self._streams[key]
 
     def _add(self, rank: int, word: int) -> None:
@@ -90,7 +103,11 @@ class EmulatedStaging:
         self._stream(peer).submit(lambda: self._spin(self.config.slots + peer, value))
 
     def put(self, peer: int, src: torch.Tensor, slot: int, offset: int) -> None:
+        gate = self.put_gate.get(peer)
+
         def op() -> None:
+            if gate is not None:
+                gate.wait()
             self.heap[peer, slot, offset : offset + src.numel()].copy_(src)
             self._add(peer, slot)
 
@@ -107,12 +124,20 @@ class EmulatedStaging:
         self._stream("recv").submit(op)
 
     def begin(self) -> None:
-        pass
+        self._active = []
 
-    def finish(self, timeout: float) -> None:
+    def end(self) -> dict[object, int]:
+        """The run's completion marks: how many operations each of its streams must have finished."""
+        return {key: self._stream(key).submitted for key in ("recv", *self._active)}
+
+    def finish(self, timeout: float, marks: dict[object, int] | None = None) -> None:
+        """Return once the streams reached ``marks`` (None: where the streams used since ``begin()``
+        stand now, which is all an event recorded at this point would cover)."""
+        marks = self.end() if marks is None else marks
         deadline = time.monotonic() + timeout
-        for stream in list(self._streams.values()):
-            if not stream.idle.wait(max(deadline - time.monotonic(), 0)):
+        for key, mark in marks.items():
+            stream = self._streams[key]
+            if not stream.reached(mark, max(deadline - time.monotonic(), 0)):
                 raise TransportError(f"nvshmem run timed out after {timeout:.0f} s (emulated)")
             if stream.error is not None:
                 raise stream.error

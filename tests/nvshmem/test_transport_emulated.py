@@ -17,6 +17,10 @@ RUNS = [
     [(0, 1, 70000, "uint8"), (1, 0, 17500, "float32")],  # rank 2 takes no part and never calls run()
     [(s, d, 10000, "float16") for s in range(3) for d in range(3) if s != d],
 ]
+# Two runs in flight at once (the executor starts the next batch before waiting for this one): rank 0
+# sends to 1 in the first and to 2 in the second; its puts to 1 are held until 1 s after it called the
+# first run's wait(), which must not return before they read the source.
+OVERLAP = [[(0, 1, 8192, "uint8")], [(0, 2, 8192, "uint8")]]
 MISMATCH = [(0, 1, 100, "uint8")]  # rank 1 posts a receive of 99 bytes instead
 
 
@@ -59,6 +63,7 @@ def _ranks_world(rank: int, world: int, slots: torch.Tensor, signals: torch.Tens
             service.run()
         pairs = zip(expected, received, strict=True)
         out["runs"].append(all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in pairs))
+    out["overlap"] = _overlapped_runs(service, rank)
     if rank in (0, 1):
         try:
             if rank == 0:
@@ -77,6 +82,32 @@ def _ranks_world(rank: int, world: int, slots: torch.Tensor, signals: torch.Tens
     return out
 
 
+def _overlapped_runs(service, rank: int) -> bool:
+    """OVERLAP on one service; True when every received byte is what was sent."""
+    import threading
+
+    (first,), (second,) = OVERLAP
+    payloads = [_payload(9, src, dst, 0, numel, dtype) for src, dst, numel, dtype in (first, second)]
+    if rank == 0:
+        gate = service._staging.put_gate[1] = threading.Event()
+        sent = [p.clone() for p in payloads]
+        service.submit_send(sent[0], 1, 0)
+        started = service.start()
+        service.submit_send(sent[1], 2, 0)
+        later = service.start()
+        timer = threading.Timer(1.0, gate.set)
+        timer.start()
+        started.wait()
+        sent[0].fill_(0)  # wait() returned: the source is the caller's again
+        later.wait()
+        timer.join()
+        return True
+    buf = torch.zeros(8192, dtype=torch.uint8)
+    service.submit_recv(buf, 0, 0)
+    service.run()
+    return torch.equal(buf, payloads[rank - 1])
+
+
 def test_service_moves_every_byte_across_runs_and_ranks() -> None:
     from nvshmem_emulator import shared_heap
     from torch import multiprocessing as mp
@@ -84,6 +115,7 @@ def test_service_moves_every_byte_across_runs_and_ranks() -> None:
     slots, signals = shared_heap(3, CONFIG)
     results = run_world(_ranks_world, 3, slots, signals, mp.get_context("spawn").Lock(), timeout=240)
     assert [r["runs"] for r in results] == [[True, True, True], [True, True, True], [True, "idle", True]]
+    assert [r["overlap"] for r in results] == [True, True, True]
     text = (
         "TransportError: rank 0 sends rank 1 1 message(s) of 100 bytes, "
         "but rank 1 posted receives for 1 message(s) of 99 bytes"
@@ -92,7 +124,8 @@ def test_service_moves_every_byte_across_runs_and_ranks() -> None:
     assert results[0]["after_failure"] == "nvshmem service is unusable after a failed run; create a new one"
     # The words count exactly what the layouts planned: one arrival per piece, one credit per
     # (round, sender, receiver); the failed run moved nothing.
-    planned = [(i, p) for i, run in enumerate(RUNS) for p in build_schedule(_messages(run), 3, CONFIG).pieces]
+    runs = RUNS + OVERLAP
+    planned = [(i, p) for i, run in enumerate(runs) for p in build_schedule(_messages(run), 3, CONFIG).pieces]
     assert int(signals[:, : CONFIG.slots].sum()) == len(planned) > 100
     assert int(signals[:, CONFIG.slots :].sum()) == len({(i, p.round, p.src, p.dst) for i, p in planned})
 

@@ -192,18 +192,25 @@ class SymmetricStaging:
         self.recv_stream.wait_stream(torch.cuda.current_stream())
         self._active = []
 
-    def finish(self, timeout: float) -> None:
-        """Return once the run's streams drained, or raise naming what is missing after ``timeout`` s."""
+    def end(self) -> list[torch.cuda.Event]:
+        """Events recorded after the run's operations on the receive stream (first) and on every send
+        stream it used: its completion, held by the run's handle, since the next run's ``begin()``
+        forgets these streams while this run may still be in flight."""
         events = []
         for stream in (self.recv_stream, *self._active):
             events.append(torch.cuda.Event())
             events[-1].record(stream)
+        return events
+
+    def finish(self, timeout: float, events: list[torch.cuda.Event]) -> None:
+        """Return once ``events`` (``end()``'s) completed, or raise naming what is missing after
+        ``timeout`` s; the caller's stream is then ordered after the run's unpacks."""
         deadline = time.monotonic() + timeout
         while not all(e.query() for e in events):
             if time.monotonic() > deadline:
                 raise TransportError(f"nvshmem run timed out after {timeout:.0f} s: {self.stalled()}")
             time.sleep(0.0005)
-        torch.cuda.current_stream().wait_stream(self.recv_stream)
+        torch.cuda.current_stream().wait_event(events[0])  # not the stream: a later run may be on it
 
     def stalled(self) -> str:
         """Which signals are short of what this rank's ledger expects."""

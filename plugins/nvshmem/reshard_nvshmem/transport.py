@@ -142,9 +142,10 @@ class NvshmemCopyService(CopyService):
         try:
             self._staging.begin()
             enqueue(program, send_map, recv_map, self._staging)
+            completion = self._staging.end()  # this run's streams: the next start() forgets them
         except Exception as exc:
             raise self._broken(exc) from exc
-        return _Transfer(self, timeout)
+        return _Transfer(self, timeout, completion)
 
     def _broken(self, exc: Exception) -> TransportError:
         """Mark the service unusable (streams may still wait on peers); the error to raise."""
@@ -165,15 +166,16 @@ class NvshmemCopyService(CopyService):
 class _Transfer:
     """A started run; ``wait()`` returns when every put and unpack of it completed."""
 
-    def __init__(self, service: NvshmemCopyService, timeout: float):
+    def __init__(self, service: NvshmemCopyService, timeout: float, completion: object):
         self._service, self._timeout, self._done = service, timeout, False
+        self._completion = completion  # the staging's end() of this run
 
     def wait(self) -> None:
         if self._done:
             return
         self._done = True
         try:
-            self._service._staging.finish(self._timeout)
+            self._service._staging.finish(self._timeout, self._completion)
         except TransportError:
             self._service._state = "broken"
             raise
