@@ -9,6 +9,10 @@ when the mesh dims after it that ``Shard(d)`` have sizes whose product is ``sf``
 dim behind them, which reproduces the physical sharding exactly, uneven sizes included. Otherwise
 it becomes ``Shard(d, stride=sf)``, which agrees with torch only for even splits, so uneven ones
 are refused.
+
+A non-default ``shard_order`` (a tensor dim split over several mesh dims in another order than left
+to right, kept on the DTensor's spec) is honoured the same way: the mesh dims that split one tensor
+dim are re-listed in the recorded order, so the first-applied split is the outermost.
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ def extract_dtensor(qualname: str, tensor: torch.Tensor, context: ExtractContext
         return None
     name = strip_wrappers(qualname)
     shape = tuple(tensor.shape)
-    layout = dtensor_layout(name, shape, tensor.device_mesh, tensor.placements)
+    shard_order = getattr(getattr(tensor, "_spec", None), "shard_order", None)
+    layout = dtensor_layout(name, shape, tensor.device_mesh, tensor.placements, shard_order)
     local = tensor._local_tensor
     expected = layout.local_shape(shape, context.rank)
     if expected is None:
@@ -55,13 +60,17 @@ def extract_dtensor(qualname: str, tensor: torch.Tensor, context: ExtractContext
     return [TensorSpec(TensorMeta(name, shape, tensor.dtype), layout, local)]
 
 
-def dtensor_layout(name: str, shape: tuple[int, ...], device_mesh, placements) -> Layout:
-    """Our ``Layout`` for a DTensor of global ``shape`` on ``device_mesh`` with ``placements``."""
+def dtensor_layout(name: str, shape: tuple[int, ...], device_mesh, placements, shard_order=None) -> Layout:
+    """Our ``Layout`` for a DTensor of global ``shape`` on ``device_mesh`` with ``placements``.
+
+    ``shard_order`` (torch's ``ShardOrderEntry`` tuple, duck typed) gives, per tensor dim, the
+    order its mesh dims split it in; None or the default left-to-right order changes nothing.
+    """
     grid = device_mesh.mesh
     ranks = tuple(int(r) for r in grid.flatten().tolist())
     sizes = tuple(int(s) for s in grid.shape)
     converted = [_convert(name, p) for p in placements]
-    order = list(range(len(sizes)))
+    order = _shard_order_permutation(name, placements, shard_order)
     for i, p in enumerate(placements):
         sf = _split_factor(p)
         if sf is None:
@@ -78,6 +87,26 @@ def dtensor_layout(name: str, shape: tuple[int, ...], device_mesh, placements) -
         sizes = tuple(sizes[k] for k in order)
         converted = [converted[k] for k in order]
     return Layout(Mesh(ranks, sizes), tuple(converted))
+
+
+def _shard_order_permutation(name: str, placements, shard_order) -> list[int]:
+    """Mesh dims re-listed so that each tensor dim's splits run left to right in ``shard_order``."""
+    order = list(range(len(placements)))
+    for entry in shard_order or ():
+        dim, mesh_dims = int(entry.tensor_dim), tuple(int(m) for m in entry.mesh_dims)
+        if list(mesh_dims) == sorted(mesh_dims):
+            continue  # left to right: what the placements already say
+        holders = [
+            m for m, p in enumerate(placements) if getattr(p, "dim", None) == dim and not p.is_replicate()
+        ]
+        if sorted(mesh_dims) != holders or any(_split_factor(placements[m]) is not None for m in holders):
+            raise ExtractError(
+                f"tensor '{name}': shard_order entry (tensor dim {dim}, mesh dims {list(mesh_dims)}) does "
+                f"not match its placements {tuple(placements)}"
+            )
+        for slot, m in zip(holders, mesh_dims, strict=True):
+            order[slot] = m
+    return order
 
 
 def _split_factor(placement) -> int | None:

@@ -4,6 +4,9 @@ Tied embeddings under PP>1: the last stage holds its own ``output_layer.weight``
 ``embedding.word_embeddings.weight``; a refit between tied PP2 and tied PP1 (which has no
 ``output_layer.weight``) needs no ``ignore=`` or ``tied=``. Each destination must equal, bit for
 bit, a reference built by Megatron from the source's seed in the destination layout.
+
+Also: experts under EP=1 (``allreduce=True``) split over expert TP, and DTensor's non-default
+``shard_order`` (honoured exactly, or refused when it contradicts the placements).
 """
 
 from __future__ import annotations
@@ -120,3 +123,50 @@ def test_experts_split_over_expert_tp_even_with_allreduce_true():
         "mlp.experts.linear_fc1.weight": ((4, 3), Layout(Mesh((0, 1), (2,)), (Replicate(),))),
         "mlp.shared_experts.weight": ((8, 3), Layout(Mesh((0, 1), (2,)), (Shard(0),))),
     }
+
+
+def _order(*entries):
+    from torch.distributed.tensor._dtensor_spec import ShardOrderEntry
+
+    return tuple(ShardOrderEntry(tensor_dim=d, mesh_dims=m) for d, m in entries)
+
+
+def test_dtensor_non_default_shard_order_is_honoured_exactly():
+    """Dim 0 of a (10, 3) tensor split over mesh dim 1 first, then mesh dim 0 (uneven both times):
+    the rank at mesh coordinate (i, j) holds ``chunk(chunk(rows, 2)[j], 2)[i]`` — and with the
+    default order ``chunk(chunk(rows, 2)[i], 2)[j]``."""
+    from types import SimpleNamespace
+
+    from torch.distributed.tensor import Shard as DShard
+
+    from reshard_core.extract.dtensor import dtensor_layout
+
+    mesh = SimpleNamespace(mesh=torch.arange(8, 12).reshape(2, 2))
+    rows = torch.arange(10)
+    placements = (DShard(0), DShard(0))
+    for order, outer in ((_order((0, (1, 0))), 1), (_order((0, (0, 1))), 0), (None, 0)):
+        layout = dtensor_layout("w", (10, 3), mesh, placements, order)
+        for i in range(2):
+            for j in range(2):
+                coord = (i, j)
+                want = torch.chunk(torch.chunk(rows, 2)[coord[outer]], 2)[coord[1 - outer]]
+                ((lo, hi),) = layout.dim_intervals((10, 3), int(mesh.mesh[i, j]))[0]
+                assert rows[lo:hi].tolist() == want.tolist(), (order, coord)
+
+
+def test_dtensor_shard_order_that_contradicts_its_placements_is_refused():
+    from types import SimpleNamespace
+
+    from torch.distributed.tensor import Replicate as DReplicate
+    from torch.distributed.tensor import Shard as DShard
+
+    from reshard_core.extract import ExtractError
+    from reshard_core.extract.dtensor import dtensor_layout
+
+    mesh = SimpleNamespace(mesh=torch.arange(4).reshape(2, 2))
+    with pytest.raises(ExtractError) as err:
+        dtensor_layout("w", (8, 4), mesh, (DShard(0), DReplicate()), _order((0, (1, 0))))
+    assert str(err.value) == (
+        "tensor 'w': shard_order entry (tensor dim 0, mesh dims [1, 0]) does not match its placements "
+        "(Shard(dim=0), Replicate())"
+    )
