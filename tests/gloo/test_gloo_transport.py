@@ -145,3 +145,67 @@ def test_a_timeout_names_every_unfinished_op_and_releases_the_peers():
     assert "send to rank 0 (task 7, 8 bytes)" in results[2]
     assert results[2].endswith("connection closed by the peer (it exited, failed or gave up)")
     assert results[1] == "stalled"
+
+
+def _device_staging_world(rank, world):
+    """Rank 0 sends "device" tensors (CPU tensors the transport is told to stage through host memory,
+    with its stream sync and isend logged) to rank 1 the way the executor does: each message its own
+    round, then the waits. Returns the log and whether every byte arrived."""
+    from reshard_gloo import transport
+
+    device: set[int] = set()
+    log: list[str] = []
+    transport._on_device = lambda t: id(t.untyped_storage()) in device
+    transport._host_buffer = lambda n: torch.empty(n, dtype=torch.uint8)
+    transport._sync_stream = lambda dev: log.append("sync")
+    isend = dist.isend
+
+    def logged_isend(tensor, dst, group=None):
+        log.append(f"isend {tensor.numel()}")
+        return isend(tensor, dst, group=group)
+
+    dist.isend = logged_isend
+    service = GlooCopyService(timeout=60.0)
+    ok = True
+    for batch in range(2):
+        # (bytes, staged): the first batch has a CPU send among the device ones
+        sizes = [(8, True), (16, True), (24, batch == 1), (32, True)]
+        tensors = [torch.full((n,), 10 * batch + k + 1, dtype=torch.uint8) for k, (n, _) in enumerate(sizes)]
+        if rank == 1:
+            tensors = [torch.zeros_like(t) for t in tensors]
+        for t, (_, staged) in zip(tensors, sizes, strict=True):
+            if staged:
+                device.add(id(t.untyped_storage()))
+        handles = []
+        for k, t in enumerate(tensors):
+            (service.submit_send if rank == 0 else service.submit_recv)(t, 1 - rank, k)
+            handles.append(service.start())
+        log.append("waits")
+        for h in handles:
+            h.wait()
+        if rank == 1:
+            ok &= all(torch.equal(t, torch.full_like(t, 10 * batch + k + 1)) for k, t in enumerate(tensors))
+    # a mixed round (the executor's one round per batch on other transports): one sync for its sends
+    mine = torch.full((40,), 7, dtype=torch.uint8)
+    theirs = torch.zeros(40, dtype=torch.uint8)
+    device.update({id(mine.untyped_storage()), id(theirs.untyped_storage())})
+    service.submit_send(mine, 1 - rank, 9)
+    service.submit_recv(theirs, 1 - rank, 9)
+    service.run()
+    ok &= torch.equal(theirs, mine)
+    service.close()
+    dist.isend = isend
+    return log, ok
+
+
+@pytest.mark.slow
+def test_device_sends_sync_once_per_batch_not_per_message():
+    results = run_world(_device_staging_world, 2, timeout=120)
+    assert [ok for _, ok in results] == [True, True]
+    # rank 0, first batch: the two staged sends are held, flushed with one sync before the CPU send
+    # (order to the peer kept), the last one goes with the waits after one more sync. Second batch, all
+    # staged: one sync. The mixed round syncs once.
+    first = ["sync", "isend 8", "isend 16", "isend 24", "waits", "sync", "isend 32"]
+    second = ["waits", "sync", "isend 8", "isend 16", "isend 24", "isend 32"]
+    assert results[0][0] == first + second + ["sync", "isend 40"]
+    assert results[1][0] == ["waits", "waits", "sync", "isend 40"]  # rank 1 sends only in the mixed round
