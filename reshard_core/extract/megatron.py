@@ -92,7 +92,7 @@ def extract_megatron(
     for label, roster in (("tensor-parallel", tp), ("replica", reps)):
         if context.rank not in roster:
             raise ExtractError(f"tensor '{name}': rank {context.rank} is not in its {label} group {roster}")
-    placement, shape = _tp_placement(name, tensor, len(tp))
+    placement, shape = _tp_placement(name, tensor, len(tp), _grouped_glu_fc1(qualname, owner, model))
     layout = _layout(tp, reps, placement, context)
     return [TensorSpec(TensorMeta(name, shape, tensor.dtype), layout, tensor)]
 
@@ -121,13 +121,30 @@ def _parallel_state_groups(qualname: str) -> Any:
     )
 
 
-def _tp_placement(name: str, tensor: torch.Tensor, width: int) -> tuple[Any, tuple[int, ...]]:
-    """TP placement and global shape of ``tensor`` split ``width`` ways."""
+def _grouped_glu_fc1(qualname: str, owner: torch.nn.Module, model: torch.nn.Module) -> bool:
+    """A TE grouped-GEMM expert ``linear_fc1.weightK`` of a gated MLP. TE stamps it
+    ``partition_stride=1``, yet each rank holds ``[gate_r; up_r]`` like the dense gated fc1."""
+    parts = qualname.split(".")
+    if len(parts) < 2 or parts[-2] != "linear_fc1" or not _GROUPED.match(parts[-1]):
+        return False
+    if getattr(owner, "num_gemms", None) is None:
+        return False
+    config = getattr(owner, "config", None) or getattr(model, "config", None)
+    return bool(getattr(config, "gated_linear_unit", False))
+
+
+def _tp_placement(
+    name: str, tensor: torch.Tensor, width: int, gated_grouped: bool = False
+) -> tuple[Any, tuple[int, ...]]:
+    """TP placement and global shape of ``tensor`` split ``width`` ways (``gated_grouped``: a TE
+    grouped gated fc1, whose rank pieces are ``[gate_r; up_r]`` whatever its stride says)."""
     local = tuple(tensor.shape)
     if not getattr(tensor, "tensor_model_parallel", False):
         return Replicate(), local
     dim = int(getattr(tensor, "partition_dim", 0))
     stride = int(getattr(tensor, "partition_stride", 1))
+    if gated_grouped and dim == 0 and stride == 1:
+        stride = 2
     sizes = tuple(int(b) for b in (getattr(tensor, "partition_sizes", None) or ()))
     if not 0 <= dim < len(local):
         raise ExtractError(f"tensor '{name}': partition_dim={dim} is out of range for local shape {local}")

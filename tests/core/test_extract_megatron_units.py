@@ -212,3 +212,24 @@ def test_rank_outside_its_expert_group_is_an_error():
         "tensor 'decoder.layers.0.experts.linear_fc1.weight0': rank 5 is not in its "
         "expert-parallel group (3, 4)"
     )
+
+
+def test_te_grouped_gated_fc1_is_strided_whatever_its_partition_stride_says():
+    # TE stamps grouped expert fc1 weights partition_stride=1, but with a gated MLP every rank holds
+    # [gate_r; up_r]; read as stride 1, an expert-TP change would move gate rows into up rows
+    rosters = dict(ROSTERS, expt_tp=(4, 5), expt_dp=(1, 5))
+    model, ctx = make(5, 8, rosters, replica_grid=False)
+    for layer in model.decoder.layers:
+        for k in range(2):
+            getattr(layer.experts.linear_fc1, f"weight{k}").partition_stride = 1
+    model.config = SimpleNamespace(gated_linear_unit=True)
+    got = {s.meta.name: s.layout for s in extract_specs(model, "dst", context=ctx)}
+    assert got["decoder.layers.2.experts.linear_fc1.weight2"] == Layout(
+        Mesh((4, 5), (2,)), (Shard(0, stride=2),)
+    )
+    model.config = SimpleNamespace(gated_linear_unit=False)
+    _, ctx = make(5, 8, rosters, replica_grid=False)
+    for name, ranks in rosters.items():
+        ctx.caches[("ranks", id(getattr(model.pg_collection, name)))] = ranks
+    got = {s.meta.name: s.layout for s in extract_specs(model, "dst", context=ctx)}
+    assert got["decoder.layers.2.experts.linear_fc1.weight2"] == Layout(Mesh((4, 5), (2,)), (Shard(0),))
