@@ -43,13 +43,13 @@ import torch
 import torch.distributed as dist
 
 from reshard_core.execute import ExecMemo, StagingPool, execute_plan
-from reshard_core.execute.check import region
 from reshard_core.layout import Layout, Mesh, Replicate, Shard
 from reshard_core.plan.ops import OpKind, RankPlan
 from reshard_core.plan.rank import plan_rank
 from reshard_core.plan.table import LayoutTable, TableBuilder
 from reshard_core.specs import TensorMeta
 from reshard_core.testing.world import run_world
+from reshard_core.views import region
 
 BF16 = torch.bfloat16
 WORLD = 4

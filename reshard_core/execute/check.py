@@ -9,7 +9,6 @@ import torch
 from ..errors import PlanError
 from ..plan.ops import OpKind, RankPlan, TransferOp
 from ..specs import TensorMeta
-from ..views import region  # noqa: F401  (re-exported: the executor's region views)
 
 
 def source_name(plan: RankPlan, name: str) -> str:

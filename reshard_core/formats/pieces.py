@@ -67,7 +67,7 @@ def split(spec: TensorSpec, dim: int, parts: Sequence[tuple[str, int]], rank: in
     elif len(cutting) == 1:
         m, shard = cutting[0]
         width = spec.layout.mesh.shape[m]
-        coord = _coord(spec.layout, rank)
+        coord = spec.layout.mesh.coord_of(rank)
         local_sizes = _local_part_sizes(spec, shard, sizes, width, coord[m] if coord else 0)
         placement_of = lambda p: Shard(dim) if p is shard else p  # noqa: E731
     else:
@@ -205,7 +205,7 @@ def unpad(
     if not 0 <= size <= padded:
         raise FormatError(f"{spec.meta.name}: {size} real indices out of a padded dim of {padded}")
     cutting = _cutting(spec.layout, dim)
-    coord = _coord(spec.layout, rank)
+    coord = spec.layout.mesh.coord_of(rank)
     placements = list(spec.layout.placements)
     if not cutting:
         keep = size
@@ -247,10 +247,6 @@ def _cutting_coords(layout: Layout, dim: int):
         for m, c in zip(cutting, sub, strict=True):
             coord[m] = c
         yield tuple(coord)
-
-
-def _coord(layout: Layout, rank: int) -> tuple[int, ...] | None:
-    return layout.mesh.coord_of(rank)
 
 
 def _merged(intervals) -> tuple[tuple[int, int], ...]:

@@ -17,7 +17,6 @@ from reshard_gloo.transport import GlooCopyService
 
 from reshard_core.errors import TransportError
 from reshard_core.execute import StagingPool, execute_plan
-from reshard_core.execute.check import region
 from reshard_core.layout import Layout, Mesh, Replicate, Shard
 from reshard_core.plan.ops import OpKind
 from reshard_core.plan.rank import plan_rank
@@ -26,6 +25,7 @@ from reshard_core.specs import TensorMeta
 from reshard_core.testing.conformance import same_bytes
 from reshard_core.testing.world import WorldError, run_world
 from reshard_core.transform import ReshardTransform
+from reshard_core.views import region
 
 pytestmark = pytest.mark.slow
 
