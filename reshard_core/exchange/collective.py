@@ -125,7 +125,8 @@ def _raise_disagreement(table: LayoutTable, rank: int, facts, group, timeout: fl
 
 
 def _local_disagreement(table: LayoutTable, rank: int, facts) -> str | None:
-    mine = set()
+    """This rank's first difference from ``table``, named, or None when it agrees with it."""
+    held = {}  # (side, name) -> the layout this rank holds it in
     for side, meta, layout in facts:
         word = "source" if side == "src" else "destination"
         entry = table.get(meta.name)
@@ -141,14 +142,20 @@ def _local_disagreement(table: LayoutTable, rank: int, facts) -> str | None:
                 f"{meta.name}: rank {rank} holds its {word} as {format_meta(meta)}, rank "
                 f"{contributor(side, meta.name, layout)} reported {format_meta(seen)}"
             )
-        mine.add((side, meta.name))
+        held[(side, meta.name)] = layout
     for e in table.entries:
         for side in ("src", "dst"):
+            own = held.get((side, e.name))
             for layout in e.layouts(side):
-                if rank in layout.mesh.ranks and (side, e.name) not in mine:
-                    word = "source" if side == "src" else "destination"
-                    return (
-                        f"{e.name}: rank {contributor(side, e.name, layout)} reports a {word} layout "
-                        f"{format_layout(layout)} that includes rank {rank}, which holds no such tensor"
-                    )
+                if rank not in layout.mesh.ranks or layout == own:
+                    continue
+                word = "source" if side == "src" else "destination"
+                # another layout covering this rank claims its piece twice (and leaves another unheld)
+                why = "which holds no such tensor"
+                if own is not None:
+                    why = f"which holds it in layout {format_layout(own)}"
+                return (
+                    f"{e.name}: rank {contributor(side, e.name, layout)} reports a {word} layout "
+                    f"{format_layout(layout)} that includes rank {rank}, {why}"
+                )
     return None

@@ -9,9 +9,10 @@ from ..specs import TensorMeta
 _MAX_RUNS = 8
 
 
-def format_ranks(ranks: Iterable[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"[0-2, 5]"``; long lists are cut after a few runs with a total count."""
-    ordered = sorted(set(ranks))
+def format_ranks(ranks: Iterable[int], keep_order: bool = False) -> str:
+    """``[0, 1, 2, 5]`` -> ``"[0-2, 5]"``; long lists are cut after a few runs with a total count.
+    ``keep_order``: list the ranks in the given order (``[4-7, 0-3]``) instead of sorted."""
+    ordered = list(ranks) if keep_order else sorted(set(ranks))
     runs: list[tuple[int, int]] = []
     for r in ordered:
         if runs and runs[-1][1] == r - 1:
@@ -42,4 +43,7 @@ def format_region(offsets: tuple[int, ...], sizes: tuple[int, ...]) -> str:
 def format_layout(layout) -> str:
     """A layout without listing every rank: ``mesh (2, 4) on ranks [0-7] (Shard(0), Replicate())``."""
     placements = ", ".join(repr(p) for p in layout.placements)
-    return f"mesh {tuple(layout.mesh.shape)} on ranks {format_ranks(layout.mesh.ranks)} ({placements})"
+    ranks = layout.mesh.ranks
+    # the mesh order says which rank holds which piece: show it when it is not ascending
+    where = format_ranks(ranks, keep_order=list(ranks) != sorted(ranks))
+    return f"mesh {tuple(layout.mesh.shape)} on ranks {where} ({placements})"

@@ -215,7 +215,25 @@ def _case_names_swapped(rank: int):
     return fast, dst is None or (torch.equal(dst.a, B[rows]) and torch.equal(dst.b, A[rows]))
 
 
+def _case_double_coverage(rank: int):
+    """Ranks 1 and 2 list the destination mesh of ``w`` in opposite orders: each claims rows 0-3
+    (and nobody rows 4-7). Both layouts are reported, so only the holding digests can tell."""
+    import reshard_core
+
+    src = dst = None
+    if rank == 0:
+        src = nn.Module()
+        src.w = nn.Parameter(A.clone())
+        reshard_core.declare_layout(src.w, ranks=(0,))
+    else:
+        dst = nn.Module()
+        dst.w = nn.Parameter(torch.zeros(4, 4))
+        reshard_core.declare_layout(dst.w, dim=0, ranks=(1, 2) if rank == 1 else (2, 1))
+    return _outcome(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT)), _untouched(dst)
+
+
 CASES = {
+    "double_coverage": _case_double_coverage,
     "names_swapped": _case_names_swapped,
     "max_batch_bytes_zero": _case_max_batch_bytes_zero,
     "cast": _case_cast,
@@ -262,6 +280,16 @@ def test_ranks_passing_different_plan_options_all_fail_naming_the_options_before
 )
 def test_a_failure_on_one_rank_before_the_exchange_fails_every_rank_the_same_way(outcomes, case, text):
     assert outcomes[case] == [(text, True)] * 3
+
+
+def test_two_layouts_claiming_one_rank_name_the_tensor_the_rank_and_both_layouts(outcomes):
+    one, two = "mesh (2,) on ranks [1, 2] (Shard(0))", "mesh (2,) on ranks [2, 1] (Shard(0))"
+    want = (
+        "PlanError: layout exchange: ranks disagree about their holdings: "
+        f"w: rank 2 reports a destination layout {two} that includes rank 1, which holds it in layout {one}; "
+        f"w: rank 1 reports a destination layout {one} that includes rank 2, which holds it in layout {two}"
+    )
+    assert outcomes["double_coverage"] == [(want, True)] * 3
 
 
 def test_a_rank_stalled_before_the_exchange_is_named_by_its_peers_within_the_timeout(outcomes):
