@@ -6,7 +6,8 @@ Tied embeddings under PP>1: the last stage holds its own ``output_layer.weight``
 bit, a reference built by Megatron from the source's seed in the destination layout.
 
 Also: experts under EP=1 (``allreduce=True``) split over expert TP, and DTensor's non-default
-``shard_order`` (honoured exactly, or refused when it contradicts the placements).
+``shard_order`` (honoured exactly, or refused when it contradicts the placements); and a prepared
+session whose source changes its ``partition_stride`` or ``partition_dim`` (never served the old plan).
 """
 
 from __future__ import annotations
@@ -170,3 +171,68 @@ def test_dtensor_shard_order_that_contradicts_its_placements_is_refused():
         "tensor 'w': shard_order entry (tensor dim 0, mesh dims [1, 0]) does not match its placements "
         "(Shard(dim=0), Replicate())"
     )
+
+
+def _outcome(fn) -> str:
+    from reshard_core.errors import ReshardError
+
+    try:
+        fn()
+    except ReshardError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "ok"
+
+
+def _flip_world(rank: int, world: int) -> dict:
+    """A prepared TP2 -> TP1 session, then the source's partition attributes change under it."""
+    import torch.distributed as dist
+
+    import reshard_core
+    from reshard_core.testing.models import build_gpt, build_pg_collection, init_megatron
+
+    init_megatron()
+    src = build_gpt(build_pg_collection(2, 1, 1), seed=7, num_layers=1)
+    dst = build_gpt(build_pg_collection(1, 1, 1), seed=8, num_layers=1)
+    session = reshard_core.prepare(src, dst, timeout=60)
+    session.refit()
+    out = {}
+    # partition_stride: same global shape, other rows; a reused plan would write the old order
+    fc1 = src.decoder.layers[0].mlp.linear_fc1.weight
+    old_stride = fc1.partition_stride
+    fc1.partition_stride = 1 if old_stride == 2 else 2
+    out["stride_session"] = _outcome(session.refit)
+    out["stride_refit"] = _outcome(lambda: reshard_core.refit(src, dst, timeout=60))
+    pieces = [torch.empty_like(fc1) for _ in range(world)]
+    dist.all_gather(pieces, fc1.detach())
+    chunks = [p.chunk(fc1.partition_stride) for p in pieces]
+    want = torch.cat([c[k] for k in range(fc1.partition_stride) for c in chunks])
+    out["stride_exact"] = torch.equal(dst.decoder.layers[0].mlp.linear_fc1.weight, want)
+    fc1.partition_stride = old_stride
+    # partition_dim: the global shape changes, so the new plan is refused naming the tensor
+    proj = src.decoder.layers[0].self_attention.linear_proj.weight
+    proj.partition_dim = 0
+    out["dim_session"] = _outcome(session.refit)
+    out["dim_refit"] = _outcome(lambda: reshard_core.refit(src, dst, timeout=60))
+    reshard_core.clear_caches()
+    return out
+
+
+def test_changed_megatron_partition_attributes_are_never_served_a_stale_plan():
+    results = run_world(_flip_world, 2, timeout=240)
+    stale = (
+        "ReshardError: rank {}: the prepared session no longer fits its models (a tensor was replaced, "
+        "reshaped, moved or re-laid out); call reshard_core.prepare() again on every rank"
+    )
+    proj = "decoder.layers.0.self_attention.linear_proj.weight"
+    shapes = (
+        f"PlanError: {proj}: source shape (128, 32) float32 on ranks [0, 1] but destination shape (64, 64) "
+        "float32 on ranks [0, 1]"
+    )
+    for rank, got in enumerate(results):
+        assert got == {
+            "stride_session": stale.format(rank),
+            "stride_refit": "ok",
+            "stride_exact": True,
+            "dim_session": stale.format(rank),
+            "dim_refit": shapes,
+        }, rank
