@@ -107,3 +107,15 @@ def run_world(
             lines.append(f"ranks {stuck} did not finish within {timeout:.0f} s")
         raise WorldError("\n".join(lines))
     return [out[r] for r in range(world_size)]
+
+
+def outcome(fn: Callable[[], Any]) -> str:
+    """``"ok"`` when ``fn()`` returns, else ``"<ReshardError subclass>: <message>"`` (the text a world
+    test compares across ranks). Any other exception propagates: it is a bug, not an outcome."""
+    from ..errors import ReshardError
+
+    try:
+        fn()
+    except ReshardError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "ok"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reshard_core.testing.world import run_world
+from reshard_core.testing.world import outcome, run_world
 
 pytest.importorskip("megatron.core")
 pytestmark = pytest.mark.slow
@@ -173,16 +173,6 @@ def test_dtensor_shard_order_that_contradicts_its_placements_is_refused():
     )
 
 
-def _outcome(fn) -> str:
-    from reshard_core.errors import ReshardError
-
-    try:
-        fn()
-    except ReshardError as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return "ok"
-
-
 def _flip_world(rank: int, world: int) -> dict:
     """A prepared TP2 -> TP1 session, then the source's partition attributes change under it."""
     import torch.distributed as dist
@@ -200,8 +190,8 @@ def _flip_world(rank: int, world: int) -> dict:
     fc1 = src.decoder.layers[0].mlp.linear_fc1.weight
     old_stride = fc1.partition_stride
     fc1.partition_stride = 1 if old_stride == 2 else 2
-    out["stride_session"] = _outcome(session.refit)
-    out["stride_refit"] = _outcome(lambda: reshard_core.refit(src, dst, timeout=60))
+    out["stride_session"] = outcome(session.refit)
+    out["stride_refit"] = outcome(lambda: reshard_core.refit(src, dst, timeout=60))
     pieces = [torch.empty_like(fc1) for _ in range(world)]
     dist.all_gather(pieces, fc1.detach())
     chunks = [p.chunk(fc1.partition_stride) for p in pieces]
@@ -211,8 +201,8 @@ def _flip_world(rank: int, world: int) -> dict:
     # partition_dim: the global shape changes, so the new plan is refused naming the tensor
     proj = src.decoder.layers[0].self_attention.linear_proj.weight
     proj.partition_dim = 0
-    out["dim_session"] = _outcome(session.refit)
-    out["dim_refit"] = _outcome(lambda: reshard_core.refit(src, dst, timeout=60))
+    out["dim_session"] = outcome(session.refit)
+    out["dim_refit"] = outcome(lambda: reshard_core.refit(src, dst, timeout=60))
     reshard_core.clear_caches()
     return out
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from reshard_core.testing.world import run_world
+from reshard_core.testing.world import outcome, run_world
 
 pytestmark = pytest.mark.slow
 
@@ -46,27 +46,17 @@ def _exact(rank: int, dst) -> bool:
     return dst is None or (torch.equal(dst.a, A[rows]) and torch.equal(dst.b, B[rows]))
 
 
-def _outcome(fn) -> str:
-    from reshard_core.errors import ReshardError
-
-    try:
-        fn()
-    except ReshardError as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return "ok"
-
-
 def _case_options_differ(rank: int):
     import reshard_core
 
     src, dst = _models(rank)
     ignore = ("a",) if rank == 1 else ("b",)
     batch = 64 if rank == 2 else None
-    text = _outcome(
+    text = outcome(
         lambda: reshard_core.refit(src, dst, ignore=ignore, max_batch_bytes=batch, timeout=TIMEOUT)
     )
     untouched = _untouched(dst)
-    after = _outcome(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT))
+    after = outcome(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT))
     return text, untouched, after, _exact(rank, dst)
 
 
@@ -105,7 +95,7 @@ def _with_plugin(rank: int, on_rank: int, how: str):
     if rank == on_rank:
         pm.register(_Flaky(how), name=f"flaky-{how.replace(' ', '-')}")
     try:
-        text = _outcome(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT))
+        text = outcome(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT))
     finally:
         if rank == on_rank:
             pm.unregister(name=f"flaky-{how.replace(' ', '-')}")
@@ -126,7 +116,7 @@ def _case_name_collision(rank: int):
     src, dst = _models(rank)
     if rank == 1:  # a stale declaration: b now claims a's name
         reshard_core.declare_layout(dst.b, dim=0, ranks=(1, 2), name="a")
-    return _outcome(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT)), _untouched(dst)
+    return outcome(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT)), _untouched(dst)
 
 
 def _case_stalled_extractor(rank: int):
@@ -145,13 +135,13 @@ def _case_bad_destinations(rank: int):
         dst.b = nn.Parameter(dst.a[:, :].detach(), requires_grad=False)  # same elements as a
     for t in (dst.a, dst.b) if dst is not None else ():
         reshard_core.declare_layout(t, dim=0, ranks=(1, 2))
-    first = _outcome(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT)), _untouched(dst)
+    first = outcome(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT)), _untouched(dst)
     if rank == 2:
         dst.a = nn.Parameter(torch.empty(4, 4, device="meta"))
         reshard_core.declare_layout(dst.a, dim=0, ranks=(1, 2))
         dst.b = nn.Parameter(torch.zeros(4, 4))
         reshard_core.declare_layout(dst.b, dim=0, ranks=(1, 2))
-    return first, _outcome(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT))
+    return first, outcome(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT))
 
 
 def _case_views_of_one_parameter(rank: int):
@@ -165,14 +155,14 @@ def _case_views_of_one_parameter(rank: int):
         dst.b = nn.Parameter(fused[:, 1::2], requires_grad=False)
     for t in (dst.a, dst.b) if dst is not None else ():
         reshard_core.declare_layout(t, dim=0, ranks=(1, 2))
-    return _outcome(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT)), _exact(rank, dst)
+    return outcome(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT)), _exact(rank, dst)
 
 
 def _case_max_batch_bytes_zero(rank: int):
     import reshard_core
 
     src, dst = _models(rank)
-    return _outcome(lambda: reshard_core.refit(src, dst, max_batch_bytes=0, timeout=TIMEOUT))
+    return outcome(lambda: reshard_core.refit(src, dst, max_batch_bytes=0, timeout=TIMEOUT))
 
 
 def _case_cast(rank: int):
@@ -185,7 +175,7 @@ def _case_cast(rank: int):
         dst.b = nn.Parameter(torch.zeros(4, 4, dtype=torch.bfloat16))
         for t in (dst.a, dst.b):
             reshard_core.declare_layout(t, dim=0, ranks=(1, 2))
-    refused = _outcome(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT))
+    refused = outcome(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT))
     report = reshard_core.refit(src, dst, cast=True, timeout=TIMEOUT)
     rows = slice(4 * (rank - 1), 4 * rank)
     exact = dst is None or (
@@ -209,7 +199,7 @@ def _case_names_swapped(rank: int):
     if dst is not None:
         reshard_core.declare_layout(dst.a, dim=0, ranks=(1, 2), name="b")
         reshard_core.declare_layout(dst.b, dim=0, ranks=(1, 2), name="a")
-    fast = _outcome(session.refit) if dst is not None else "skipped"  # a source-only rank has no change
+    fast = outcome(session.refit) if dst is not None else "skipped"  # a source-only rank has no change
     reshard_core.refit(src, dst, timeout=TIMEOUT)
     rows = slice(4 * (rank - 1), 4 * rank)
     return fast, dst is None or (torch.equal(dst.a, B[rows]) and torch.equal(dst.b, A[rows]))
@@ -229,7 +219,7 @@ def _case_double_coverage(rank: int):
         dst = nn.Module()
         dst.w = nn.Parameter(torch.zeros(4, 4))
         reshard_core.declare_layout(dst.w, dim=0, ranks=(1, 2) if rank == 1 else (2, 1))
-    return _outcome(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT)), _untouched(dst)
+    return outcome(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT)), _untouched(dst)
 
 
 CASES = {
