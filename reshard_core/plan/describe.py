@@ -43,7 +43,5 @@ def format_region(offsets: tuple[int, ...], sizes: tuple[int, ...]) -> str:
 def format_layout(layout) -> str:
     """A layout without listing every rank: ``mesh (2, 4) on ranks [0-7] (Shard(0), Replicate())``."""
     placements = ", ".join(repr(p) for p in layout.placements)
-    ranks = layout.mesh.ranks
-    # the mesh order says which rank holds which piece: show it when it is not ascending
-    where = format_ranks(ranks, keep_order=list(ranks) != sorted(ranks))
+    where = format_ranks(layout.mesh.ranks, keep_order=True)  # the order says who holds which piece
     return f"mesh {tuple(layout.mesh.shape)} on ranks {where} ({placements})"

@@ -273,6 +273,11 @@ def test_a_failure_on_one_rank_before_the_exchange_fails_every_rank_the_same_way
 
 
 def test_two_layouts_claiming_one_rank_name_the_tensor_the_rank_and_both_layouts(outcomes):
+    from reshard_core.exchange.contribute import contributor
+    from reshard_core.layout import Layout, Mesh, Shard
+
+    # the case needs each layout described by a rank that holds it (else it is "did not report")
+    assert [contributor("dst", "w", Layout(Mesh.of(r), (Shard(0),))) for r in ((1, 2), (2, 1))] == [1, 2]
     one, two = "mesh (2,) on ranks [1, 2] (Shard(0))", "mesh (2,) on ranks [2, 1] (Shard(0))"
     want = (
         "PlanError: layout exchange: ranks disagree about their holdings: "
