@@ -65,6 +65,7 @@ _EXPORTS = {
     "Session": "api",
     "clear_caches": "api",
     "RefitReport": "api",
+    "TransferGroup": "transfer_group",
 }
 
 __all__ = ["PLUGIN_API_VERSION", "__version__", *_EXPORTS]

@@ -38,6 +38,7 @@ from .formats.sides import FormatChoice, agreed_formats, format_code, logical_hi
 from .plan.cache import cached_plan_rank, clear_plan_cache
 from .plan.ops import RankPlan
 from .plugins import get_plugin_manager
+from .refit_group import RefitGroup, to_refit_ranks, view_of
 from .specs import TensorSpec
 from .transform import ReshardTransform
 from .transport.copy_service import CopyService
@@ -202,7 +203,7 @@ class _Options:
             tuple(id(m) for m in _modules(src)),
             tuple(id(m) for m in _modules(dst)),
             self.transport if isinstance(self.transport, str) else id(self.transport),
-            _group_key(self.group),
+            view_of(self.group).key,
             tuple(id(x) for x in transforms),
             self.max_batch_bytes,
             tuple(self.ignore),
@@ -367,17 +368,18 @@ def _build(src: Model, dst: Model, sides: tuple, options: _Options, choice: Form
     side's plain, undeclared tensors are replicated."""
     o = options
     group = o.group
+    view = view_of(group)
     seconds: dict[str, float] = {}
     t = time.perf_counter()
     problems = Problems()
     src_specs, dst_specs, padding = [], [], []
     try:
-        src_specs, _ = _describe(src, "src", group, sides[0], choice, o.ignore, problems)
-        dst_specs, padding = _describe(dst, "dst", group, sides[1], choice, o.ignore, problems)
+        src_specs, _ = _describe(src, "src", view, sides[0], choice, o.ignore, problems)
+        dst_specs, padding = _describe(dst, "dst", view, sides[1], choice, o.ignore, problems)
     except ReshardError as exc:
         problems.errors.append(str(exc))
     if not problems.errors and not problems.unmapped:  # else those name the cause more precisely
-        problems.errors += destination_problems(dst_specs, dist.get_rank(), o.ignore)
+        problems.errors += destination_problems(dst_specs, view.rank, o.ignore)
     raise_if_any(problems, group, o.timeout)
     transforms = _transforms(dst, dst_specs, o.transform)
     seconds["extract"] = time.perf_counter() - t
@@ -390,11 +392,11 @@ def _build(src: Model, dst: Model, sides: tuple, options: _Options, choice: Form
     try:
         plan, _ = cached_plan_rank(
             table,
-            dist.get_rank(),
+            view.rank,
             max_batch_bytes=o.max_batch_bytes,
             ignore=o.ignore,
             tied=choice.ties(o.tied),
-            group=_group_key(group),
+            group=view.key,
             cast=o.cast,
         )
     except PlanError as exc:
@@ -420,15 +422,21 @@ def _build(src: Model, dst: Model, sides: tuple, options: _Options, choice: Form
 
 
 def _describe(
-    model: Model, side: str, group, ranks: tuple[int, ...], choice: FormatChoice, ignore, problems: Problems
+    model: Model, side: str, view: RefitGroup, ranks: tuple[int, ...], choice: FormatChoice, ignore,
+    problems: Problems,
 ) -> tuple[list[TensorSpec], list[torch.Tensor]]:
-    """This rank's specs of one side (logical when ``choice.mapped``) and its padding views."""
+    """This rank's specs of one side (logical when ``choice.mapped``) in refit ranks, and its padding
+    views. ``ranks``: the refit ranks holding this side. The model is read in its own job's ranks
+    (a ``TransferGroup``'s jobs each have a world of their own), then shifted into refit ranks."""
     if model is None:
         return [], []
-    context = ExtractContext.create(group, replica_ranks=ranks)
+    group = None if view.transfer is not None else view.pg
+    context = ExtractContext.create(group, replica_ranks=view.own_ranks(ranks))
     if not choice.mapped:
-        return extract_specs(model, side, group=group, context=context), []
-    return logical_side(model, side, choice.of(side), context, ignore, problems)
+        specs, padding = extract_specs(model, side, group=group, context=context), []
+    else:
+        specs, padding = logical_side(model, side, choice.of(side), context, ignore, problems)
+    return to_refit_ranks(specs, view.offset), padding
 
 
 def _format_key(fmt: ModelFormat | str | None) -> object:
@@ -450,7 +458,7 @@ def _tensors(specs: list[TensorSpec]) -> dict[str, torch.Tensor | None]:
 def _transport(transport: str | CopyService, group, timeout: float | None) -> CopyService:
     if isinstance(transport, CopyService):
         return transport
-    key = (transport, _group_key(group), timeout)
+    key = (transport, view_of(group).key, timeout)
     service = _transports.get(key)
     if service is None:
         cls = get_transport(transport)
@@ -461,15 +469,21 @@ def _transport(transport: str | CopyService, group, timeout: float | None) -> Co
     return service
 
 
-def _group_ranks(group) -> tuple[int, ...]:
-    """Global ranks of ``group`` (None: the world) in group-rank order."""
-    if group is None:
-        return tuple(range(dist.get_world_size()))
-    return tuple(dist.get_process_group_ranks(group))
-
-
-def _group_key(group) -> tuple[int, ...]:
-    return tuple(dist.get_process_group_ranks(group)) if group is not None else (-1, dist.get_world_size())
+def forget_group(key) -> None:
+    """Drop the sessions and close the transports built over the group whose ``RefitGroup.key`` is
+    ``key`` (a ``TransferGroup`` being closed)."""
+    for session_key, cached in list(_sessions.items()):
+        if session_key[3] == key:
+            for finalizer in cached.finalizers:
+                finalizer.detach()
+            del _sessions[session_key]
+    for transport_key, service in list(_transports.items()):
+        if transport_key[1] == key:
+            del _transports[transport_key]
+            try:
+                service.close()
+            except Exception:  # the group is going away; closing its transport is best effort
+                pass
 
 
 def _modules(model: Model) -> list[Any]:
@@ -546,13 +560,14 @@ def _agree(
     global ranks pass a source and a destination model, each rank's ``(src, dst)`` format codes
     (``formats.sides.format_code``) and its option digests (``exchange.options``). Bounded by
     ``timeout`` when given."""
-    device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
+    view = view_of(group)
+    device = "cuda" if view.backend == "nccl" else "cpu"
     flags = [int(valid), int(has_src), int(has_dst), *codes, *digests]
     mine = torch.tensor(flags, dtype=torch.int32, device=device)
-    ranks = _group_ranks(group)
+    ranks = view.ranks
     gathered = torch.empty(len(flags) * len(ranks), dtype=torch.int32, device=device)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
-    bounded.wait(gather(gathered, mine, group=group, async_op=True), timeout, group, "refit could not start")
+    bounded.wait(gather(gathered, mine, group=view.pg, async_op=True), timeout, group, "refit could not start")
     rows = gathered.view(len(ranks), len(flags)).cpu().tolist()
     src_ranks = tuple(r for r, f in zip(ranks, rows, strict=True) if f[1])
     dst_ranks = tuple(r for r, f in zip(ranks, rows, strict=True) if f[2])

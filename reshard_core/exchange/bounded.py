@@ -3,8 +3,8 @@
 Without a bound, a rank that failed on its own, exited or stalled before a pre-execution collective
 leaves every peer waiting until the process-group timeout (30 minutes by default). ``wait`` waits
 for an ``async_op`` collective at most ``timeout`` seconds and then raises ``TransportError``. To
-name the ranks that never joined, each rank that timed out marks itself in the default store
-under a per-group sequence number and, after a short grace, lists the ranks that did not
+name the ranks that never joined, each rank that timed out marks itself in the group's store (the
+default store, or a ``TransferGroup``'s) under a per-group sequence number and, after a short grace, lists the ranks that did not
 (a stalled rank never marks itself; only the failure path touches the store).
 """
 
@@ -14,27 +14,25 @@ import datetime
 import time
 from typing import Any
 
-import torch.distributed as dist
-
 from ..errors import TransportError
 from ..plan.describe import format_ranks
+from ..refit_group import RefitGroup, view_of
 
-_sequence: dict[tuple[int, ...], int] = {}
+_sequence: dict[object, int] = {}
 _GRACE = 2.0
 
 
 def group_ranks(group: Any) -> tuple[int, ...]:
-    """Global ranks of ``group`` (None: the world) in group-rank order."""
-    if group is None:
-        return tuple(range(dist.get_world_size()))
-    return tuple(dist.get_process_group_ranks(group))
+    """Refit ranks of ``group`` (None: the world) in group-rank order."""
+    return view_of(group).ranks
 
 
 def wait(work: Any, timeout: float | None, group: Any, what: str) -> None:
     """Wait for ``work`` (a collective over ``group``, started with ``async_op=True``); raise
     ``TransportError`` naming ``what`` and, when it can be told, the ranks that did not join."""
-    ranks = group_ranks(group)
-    seq = _sequence[ranks] = _sequence.get(ranks, 0) + 1
+    view = view_of(group)
+    ranks = view.ranks
+    seq = _sequence[view.key] = _sequence.get(view.key, 0) + 1
     try:
         if timeout is None:
             work.wait()
@@ -42,7 +40,7 @@ def wait(work: Any, timeout: float | None, group: Any, what: str) -> None:
             work.wait(datetime.timedelta(seconds=timeout))
     except Exception as exc:
         within = f" within {timeout:g} s" if timeout is not None else ""
-        missing = _missing(ranks, seq, timeout) if timeout is not None else None
+        missing = _missing(view, seq, timeout) if timeout is not None else None
         who = (
             f"rank{'s' if len(missing) > 1 else ''} {format_ranks(missing)} of {format_ranks(ranks)} "
             f"did not join{within}"
@@ -50,16 +48,17 @@ def wait(work: Any, timeout: float | None, group: Any, what: str) -> None:
             else f"ranks {format_ranks(ranks)} did not all join{within}"
         )
         raise TransportError(
-            f"rank {dist.get_rank()}: {what}: {who} (failed, exited or stalled): {_reason(exc)}"
+            f"rank {view.rank}: {what}: {who} (failed, exited or stalled): {_reason(exc)}"
         ) from exc
 
 
-def _missing(ranks: tuple[int, ...], seq: int, timeout: float) -> list[int] | None:
+def _missing(view: RefitGroup, seq: int, timeout: float) -> list[int] | None:
     """The ranks that did not mark themselves within a grace period, or None without a store."""
+    ranks = view.ranks
     try:
-        store = dist.distributed_c10d._get_default_store()
+        store = view.store()
         prefix = f"reshard/joined/{','.join(map(str, ranks[:8]))}/{len(ranks)}/{seq}/"
-        store.set(prefix + str(dist.get_rank()), b"1")
+        store.set(prefix + str(view.rank), b"1")
         deadline = time.monotonic() + min(timeout, _GRACE)
         while True:
             missing = [r for r in ranks if not store.check([prefix + str(r)])]

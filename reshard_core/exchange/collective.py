@@ -18,6 +18,7 @@ import torch.distributed as dist
 from ..errors import PlanError
 from ..plan.describe import format_layout, format_meta
 from ..plan.table import LayoutTable, TableBuilder
+from ..refit_group import view_of
 from ..specs import TensorSpec
 from .bounded import wait
 from .codec import decode, encode
@@ -50,18 +51,19 @@ def exchange_layouts(
 ) -> tuple[LayoutTable, ExchangeStats]:
     """Collective over ``group``: every rank gets the same ``LayoutTable`` of both sides.
 
-    Meshes name global ranks. Raises ``PlanError`` on every rank when ranks disagree about a
+    Meshes name refit ranks (``refit_group``). Raises ``PlanError`` on every rank when ranks disagree about a
     tensor's shape, dtype or layout, naming the tensor and the ranks; ``TransportError`` when a
     rank does not join within ``timeout`` seconds (None: the process group's own timeout).
     """
-    rank = dist.get_rank()
+    view = view_of(group)
+    rank = view.rank
     facts = own_facts(src_specs, dst_specs)
     records = records_of(rank, facts)
     payload = encode(rank, holding_digest(facts), records)
     payloads, received, padded = all_gather_bytes(payload, group, timeout)
     builder = TableBuilder()
     total = 0
-    world = dist.get_world_size()
+    world = view.world
     for blob in payloads:
         sender, digest, recs = decode(blob, world)
         total += digest
@@ -86,12 +88,13 @@ def all_gather_bytes(
 ) -> tuple[list[bytes], int, bool]:
     """Every rank's ``payload``; also the bytes this rank received and whether padding was used.
     Each of its collectives is bounded by ``timeout`` (``bounded.wait``; ``what`` names it)."""
-    backend = dist.get_backend(group)
+    view = view_of(group)
+    backend, pg = view.backend, view.pg
     device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-    world = dist.get_world_size(group)
+    world = len(view.ranks)
     size = torch.tensor([len(payload)], dtype=torch.int64, device=device)
     sizes_t = [torch.empty_like(size) for _ in range(world)]
-    wait(dist.all_gather(sizes_t, size, group=group, async_op=True), timeout, group, what)
+    wait(dist.all_gather(sizes_t, size, group=pg, async_op=True), timeout, group, what)
     sizes = [int(s.item()) for s in sizes_t]
     empty = torch.empty(0, dtype=torch.uint8)
     mine = (torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else empty).to(device)
@@ -100,13 +103,13 @@ def all_gather_bytes(
     if uneven:
         try:
             outs = [torch.empty(n, dtype=torch.uint8, device=device) for n in sizes]
-            work = dist.all_gather(outs, mine, group=group, async_op=True)
+            work = dist.all_gather(outs, mine, group=pg, async_op=True)
         except (RuntimeError, ValueError):  # rejected before launch on every rank alike (same sizes)
             uneven = False
     if not uneven:
         mine = torch.nn.functional.pad(mine, (0, width - len(payload)))
         outs = [torch.empty(width, dtype=torch.uint8, device=device) for _ in sizes]
-        work = dist.all_gather(outs, mine, group=group, async_op=True)
+        work = dist.all_gather(outs, mine, group=pg, async_op=True)
     wait(work, timeout, group, what)
     blobs = [bytes(o[:n].cpu().clone().untyped_storage()) for o, n in zip(outs, sizes, strict=True)]
     received = 8 * world + (sum(sizes) if uneven else width * world)

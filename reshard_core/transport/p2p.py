@@ -7,10 +7,11 @@ The split lets the executor pack the next batch while this one is on the wire.
 Pairing is by submission order: the n-th send from A to B in a round matches the n-th receive on B
 from A (zero-byte ops are skipped on both sides). Sizes must agree: Gloo kills a process that
 receives more bytes than its buffer holds. Every tensor travels as its raw bytes
-(``view(torch.uint8)``), so any dtype, float8 included, arrives bit for bit. Ranks are global ranks;
-``group`` (default: the world) limits who may be a peer. When ``group``'s backend is not the one the
-transport needs, the transport builds its own group over the same ranks with ``dist.new_group``,
-which every rank of the world must do together.
+(``view(torch.uint8)``), so any dtype, float8 included, arrives bit for bit. Ranks are refit ranks
+(``reshard_core.refit_group``): global ranks, or a ``TransferGroup``'s own; ``group`` (default: the
+world) limits who may be a peer. When ``group``'s backend is not the one the transport needs, the
+transport builds its own group over the same ranks with ``dist.new_group``, which every rank of the
+world must do together (a ``TransferGroup`` builds it over its own store instead).
 
 Failure: a round that does not finish within ``timeout`` seconds, or whose peer vanished, raises
 ``TransportError`` naming the failed op (direction, peer rank, task id, bytes) and every other
@@ -31,6 +32,8 @@ import torch
 import torch.distributed as dist
 
 from ..errors import TransportError
+from ..refit_group import view_of
+from ..transfer_group import TransferGroup
 from .copy_service import CopyService
 
 _ABANDONED: list[Any] = []  # failed rounds: their buffers must outlive any late write by the backend
@@ -135,15 +138,18 @@ class P2PCopyService(CopyService):
     backend: ClassVar[str] = ""
 
     def __init__(self, group: dist.ProcessGroup | None = None, *, timeout: float | None = None):
-        if not dist.is_available() or not dist.is_initialized():
+        if not isinstance(group, TransferGroup) and not (dist.is_available() and dist.is_initialized()):
             raise TransportError(f"{self.name} transport needs an initialised torch.distributed group")
         if timeout is not None and timeout <= 0:
             raise TransportError(f"{self.name} transport: timeout must be > 0 seconds, got {timeout}")
         super().__init__(group, timeout=timeout)
-        self.rank = dist.get_rank()
-        members = dist.get_process_group_ranks(group) if group is not None else range(dist.get_world_size())
-        self.members = frozenset(members)
-        self.comm, self._owns_comm = self._resolve_group(group)
+        self.view = view_of(group)
+        self.rank = self.view.rank
+        self.members = frozenset(self.view.ranks)
+        if self.view.transfer is not None:  # its process groups belong to the TransferGroup, not to us
+            self.comm, self._owns_comm = self.view.transfer.process_group(self.backend), False
+        else:
+            self.comm, self._owns_comm = self._resolve_group(group)
         self._queue: list[QueuedOp] = []
         self._closed = False
 
@@ -153,6 +159,10 @@ class P2PCopyService(CopyService):
         if self.backend in names:
             return group, False
         return dist.new_group(ranks=sorted(self.members), backend=self.backend), True
+
+    def peer_index(self, rank: int) -> int:
+        """``rank``'s rank within ``self.comm`` (torch's ``group_dst`` / ``group_src``)."""
+        return self.view.index(rank)
 
     # -- submission -------------------------------------------------------------------------------
 

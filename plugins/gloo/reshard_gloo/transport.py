@@ -64,8 +64,12 @@ class GlooCopyService(P2PCopyService):
         issued: list[Issued] = []
         try:
             for op in ops:
-                start = dist.isend if op.kind == "send" else dist.irecv
-                issued.append(Issued(start(op.wire, op.peer, group=self.comm), [op]))
+                peer = self.peer_index(op.peer)
+                if op.kind == "send":
+                    work = dist.isend(op.wire, group=self.comm, group_dst=peer)
+                else:
+                    work = dist.irecv(op.wire, group=self.comm, group_src=peer)
+                issued.append(Issued(work, [op]))
         except Exception:
             _ABANDONED.append(issued)  # requests already started may still touch their buffers
             raise
@@ -80,7 +84,7 @@ class GlooCopyService(P2PCopyService):
             _sync_stream(device)
         for d in deferred:
             try:
-                d.work = dist.isend(d.op.wire, d.op.peer, group=self.comm)
+                d.work = dist.isend(d.op.wire, group=self.comm, group_dst=self.peer_index(d.op.peer))
             except Exception as exc:  # raised by this send's wait()
                 d.error = exc
 

@@ -80,7 +80,7 @@ class NcclCopyService(P2PCopyService):
 
     def _p2p_op(self, op: QueuedOp) -> dist.P2POp:
         start = dist.isend if op.kind == "send" else dist.irecv
-        return dist.P2POp(start, op.wire, op.peer, group=self.comm)
+        return dist.P2POp(start, op.wire, group=self.comm, group_peer=self.peer_index(op.peer))
 
     def _wait_issued(self, issued: Issued, deadline: float | None) -> None:
         if deadline is not None:

@@ -1,0 +1,175 @@
+"""``TransferGroup``: the ranks of separate jobs joined into one group that refits run over.
+
+A trainer job and an inference engine each have a ``torch.distributed`` world of their own (or
+none): an engine such as vLLM starts its workers itself, in a world of its own. ``TransferGroup.join``
+meets them at one TCPStore address (hosted by rank 0) and builds one process group of ``size``
+ranks over it, without the default world. Each job takes a contiguous range of its ranks,
+``job_ranks`` (a trainer of T ranks ``range(0, T)``, an engine of N workers ``range(T, T + N)``), in
+the order of its own world's ranks.
+
+Pass the group as ``group=`` to ``refit`` / ``prepare``: each side's models are still read in its own
+job's ranks (DTensor meshes, Megatron groups, an engine's TP group), and the refit adds the job's
+offset (``job_ranks.start``) to every rank of the layouts it reports, so both jobs speak the group's
+ranks. Nothing on the refit path consults the default world. The group stays up across refits;
+``close()`` ends it (and drops the sessions and transports built on it). Two torchrun jobs use it
+the same way as a trainer and an engine::
+
+    group = TransferGroup.join("10.0.0.1", 29600, rank=T + my_rank, size=T + N, job_ranks=range(T, T + N))
+    reshard_core.refit(None, engine_model, group=group)    # on every engine rank; the trainer passes its model
+    group.close()
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .errors import TransportError
+
+_BACKENDS = ("gloo", "nccl")
+_serial = itertools.count()
+
+
+class TransferGroup:
+    """One process group over the ranks of several jobs, met at a TCPStore address.
+
+    ``rank`` is this process's rank in the group, ``size`` the group's size, ``job_ranks`` the
+    group ranks of this process's own job in its own world's rank order (its ``start`` is the offset
+    added to the job's layouts). ``backend`` is the group's collective backend (``"gloo"``: CPU
+    collectives, which also carry the refit's small agreement rounds); a transport needing another
+    backend (``nccl``) gets one from ``process_group(backend)``. ``timeout`` bounds the rendezvous
+    and every collective of the group.
+    """
+
+    def __init__(
+        self, store: Any, rank: int, size: int, job_ranks: range, *, backend: str = "gloo",
+        timeout: float = 60.0, address: str = "",
+    ) -> None:  # fmt: skip
+        _check_ranks(rank, size, job_ranks)
+        if backend not in _BACKENDS:
+            raise TransportError(f"transfer group: backend must be one of {', '.join(_BACKENDS)}, got {backend!r}")
+        self.store, self.rank, self.size, self.job_ranks = store, rank, size, job_ranks
+        self.backend, self.timeout, self.address = backend, float(timeout), address
+        self.key = ("transfer", next(_serial))
+        """Distinguishes this group from every other (also one later joined at the same address)."""
+        self._groups: dict[str, Any] = {}
+        self.closed = False
+        self.pg = self.process_group(backend)
+
+    @classmethod
+    def join(
+        cls,
+        host: str,
+        port: int,
+        *,
+        rank: int,
+        size: int,
+        job_ranks: range,
+        backend: str = "gloo",
+        timeout: float = 60.0,
+        host_store: bool | None = None,
+    ) -> TransferGroup:
+        """Meet every rank of the group at ``host:port`` and return the group. Collective over all
+        ``size`` ranks, each of which calls it once with its own ``rank``.
+
+        Rank 0 hosts the TCPStore unless ``host_store`` says otherwise. Raises ``TransportError``
+        naming the address when the store cannot be reached, or when not every rank joined within
+        ``timeout`` seconds.
+        """
+        _check_ranks(rank, size, job_ranks)
+        address = f"{host}:{port}"
+        hosting = rank == 0 if host_store is None else bool(host_store)
+        wait = datetime.timedelta(seconds=timeout)
+        try:
+            store = dist.TCPStore(host, int(port), size, hosting, timeout=wait, wait_for_workers=False)
+        except Exception as exc:
+            role = "host" if hosting else "reach"
+            raise TransportError(
+                f"transfer group rank {rank}: could not {role} the rendezvous store at {address} "
+                f"within {timeout:g} s: {_first_line(exc)}"
+            ) from exc
+        return cls(store, rank, size, job_ranks, backend=backend, timeout=timeout, address=address)
+
+    @property
+    def offset(self) -> int:
+        """Added to a rank of this process's own job to give its rank in the group."""
+        return self.job_ranks.start
+
+    def process_group(self, backend: str | None = None) -> Any:
+        """The group's process group for ``backend`` (default: the group's own), built on first use.
+        Building one is collective over every rank of the group."""
+        backend = backend or self.backend
+        if self.closed:
+            raise TransportError(f"transfer group {self.address or self.key}: used after close()")
+        if backend not in self._groups:
+            self._groups[backend] = self._build(backend)
+        return self._groups[backend]
+
+    def _build(self, backend: str) -> Any:
+        store = dist.PrefixStore(f"reshard/transfer/{backend}/", self.store)
+        wait = datetime.timedelta(seconds=self.timeout)
+        pg = dist.ProcessGroup(store, self.rank, self.size)
+        try:
+            if backend == "gloo":
+                kind, device = dist.ProcessGroup.BackendType.GLOO, torch.device("cpu")
+                impl = dist.ProcessGroupGloo(store, self.rank, self.size, wait)
+            else:
+                kind, device = dist.ProcessGroup.BackendType.NCCL, torch.device("cuda")
+                options = dist.ProcessGroupNCCL.Options()
+                options._timeout = wait
+                impl = dist.ProcessGroupNCCL(store, self.rank, self.size, options)
+        except Exception as exc:
+            raise TransportError(
+                f"transfer group rank {self.rank} of {self.size} at {self.address}: the {backend} group did "
+                f"not form within {self.timeout:g} s (a rank did not join, or joined with another size): "
+                f"{_first_line(exc)}"
+            ) from exc
+        impl._set_sequence_number_for_group()
+        pg._set_default_backend(kind)
+        pg._register_backend(device, kind, impl)
+        return pg
+
+    def close(self) -> None:
+        """End the group: drop the refit sessions and transports built on it, then release its
+        process groups and the store. Idempotent; the group cannot be used afterwards."""
+        if self.closed:
+            return
+        from .api import forget_group  # the refit caches hold sessions keyed by this group
+
+        forget_group(self.key)
+        self.closed = True
+        for pg in self._groups.values():
+            shutdown = getattr(pg, "shutdown", None)
+            try:
+                if shutdown is not None:
+                    shutdown()
+            except Exception:  # releasing a broken group is best effort
+                pass
+        self._groups.clear()
+        self.pg = None
+        self.store = None
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else self.backend
+        return (
+            f"TransferGroup(rank={self.rank}, size={self.size}, job_ranks={self.job_ranks}, "
+            f"address={self.address!r}, {state})"
+        )
+
+
+def _check_ranks(rank: int, size: int, job_ranks: range) -> None:
+    if not isinstance(job_ranks, range) or job_ranks.step != 1 or not len(job_ranks):
+        raise TransportError(f"transfer group: job_ranks must be a non-empty range, got {job_ranks!r}")
+    if not 0 <= job_ranks.start < job_ranks.stop <= size:
+        raise TransportError(f"transfer group: job_ranks {job_ranks} do not fit a group of {size} ranks")
+    if rank not in job_ranks:
+        raise TransportError(f"transfer group: rank {rank} is not in its job's ranks {job_ranks}")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
