@@ -57,6 +57,7 @@ class TransferGroup:
         self.key = ("transfer", next(_serial))
         """Distinguishes this group from every other (also one later joined at the same address)."""
         self._groups: dict[str, Any] = {}
+        self._gathers = 0
         self.closed = False
         self.pg = self.process_group(backend)
 
@@ -67,31 +68,36 @@ class TransferGroup:
         port: int,
         *,
         rank: int,
-        size: int,
+        size: int | None,
         job_ranks: range,
         backend: str = "gloo",
         timeout: float = 60.0,
         host_store: bool | None = None,
     ) -> TransferGroup:
         """Meet every rank of the group at ``host:port`` and return the group. Collective over all
-        ``size`` ranks, each of which calls it once with its own ``rank``.
+        ranks, each of which calls it once with its own ``rank``.
 
-        Rank 0 hosts the TCPStore unless ``host_store`` says otherwise. Raises ``TransportError``
-        naming the address when the store cannot be reached, or when not every rank joined within
-        ``timeout`` seconds.
+        Rank 0 hosts the TCPStore unless ``host_store`` says otherwise. ``size=None`` takes the size
+        another rank published (a trainer that does not know how many engine workers will join);
+        ranks that pass a size publish it, and a rank passing another size is refused. Raises
+        ``TransportError`` naming the address when the store cannot be reached, or when not every
+        rank joined within ``timeout`` seconds.
         """
-        _check_ranks(rank, size, job_ranks)
+        if size is not None:
+            _check_ranks(rank, size, job_ranks)
         address = f"{host}:{port}"
         hosting = rank == 0 if host_store is None else bool(host_store)
         wait = datetime.timedelta(seconds=timeout)
         try:
-            store = dist.TCPStore(host, int(port), size, hosting, timeout=wait, wait_for_workers=False)
+            store = dist.TCPStore(host, int(port), None, hosting, timeout=wait, wait_for_workers=False)
         except Exception as exc:
             role = "host" if hosting else "reach"
             raise TransportError(
                 f"transfer group rank {rank}: could not {role} the rendezvous store at {address} "
                 f"within {timeout:g} s: {_first_line(exc)}"
             ) from exc
+        size = _agree_size(store, rank, size, address, timeout)
+        _check_ranks(rank, size, job_ranks)
         return cls(store, rank, size, job_ranks, backend=backend, timeout=timeout, address=address)
 
     @property
@@ -133,6 +139,27 @@ class TransferGroup:
         pg._register_backend(device, kind, impl)
         return pg
 
+    def gather_text(self, text: str, *, what: str = "status") -> list[str]:
+        """Every rank's ``text``, in rank order. Collective over the group, through its store (so it
+        also works when the group's process group failed); raises ``TransportError`` naming the
+        ranks that did not report within ``timeout``. Ranks must call it in the same order."""
+        if self.closed:
+            raise TransportError(f"transfer group {self.address or self.key}: used after close()")
+        self._gathers += 1
+        prefix = f"reshard/transfer/gather/{self._gathers}/"
+        keys = [prefix + str(r) for r in range(self.size)]
+        try:
+            self.store.set(keys[self.rank], text.encode())
+            self.store.wait(keys, datetime.timedelta(seconds=self.timeout))
+            return [self.store.get(k).decode() for k in keys]
+        except Exception as exc:
+            missing = _unset(self.store, keys)
+            who = f"ranks {missing} did not report" if missing else _first_line(exc)
+            raise TransportError(
+                f"transfer group rank {self.rank}: {what}: {who} within {self.timeout:g} s "
+                "(failed, exited or stalled)"
+            ) from exc
+
     def close(self) -> None:
         """End the group: drop the refit sessions and transports built on it, then release its
         process groups and the store. Idempotent; the group cannot be used afterwards."""
@@ -161,6 +188,28 @@ class TransferGroup:
         )
 
 
+def _agree_size(store: Any, rank: int, size: int | None, address: str, timeout: float) -> int:
+    """The group size: published by the first rank that knows it, read by every other."""
+    key = "reshard/transfer/size"
+    try:
+        if size is not None:
+            published = int(store.compare_set(key, "", str(size)).decode())
+        else:
+            store.wait([key])
+            published = int(store.get(key).decode())
+    except Exception as exc:
+        raise TransportError(
+            f"transfer group rank {rank} at {address}: no rank published the group size within "
+            f"{timeout:g} s: {_first_line(exc)}"
+        ) from exc
+    if size is not None and published != size:
+        raise TransportError(
+            f"transfer group rank {rank} at {address}: joined with size {size}, but the group was "
+            f"formed with size {published}"
+        )
+    return published
+
+
 def _check_ranks(rank: int, size: int, job_ranks: range) -> None:
     if not isinstance(job_ranks, range) or job_ranks.step != 1 or not len(job_ranks):
         raise TransportError(f"transfer group: job_ranks must be a non-empty range, got {job_ranks!r}")
@@ -168,6 +217,14 @@ def _check_ranks(rank: int, size: int, job_ranks: range) -> None:
         raise TransportError(f"transfer group: job_ranks {job_ranks} do not fit a group of {size} ranks")
     if rank not in job_ranks:
         raise TransportError(f"transfer group: rank {rank} is not in its job's ranks {job_ranks}")
+
+
+def _unset(store: Any, keys: list[str]) -> list[int] | None:
+    """The ranks whose key is missing, or None when the store cannot be asked (it is gone)."""
+    try:
+        return [r for r, k in enumerate(keys) if not store.check([k])]
+    except Exception:
+        return None
 
 
 def _first_line(exc: BaseException) -> str:

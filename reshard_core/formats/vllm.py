@@ -472,7 +472,7 @@ class VLLMFormat(ModelFormat):
         Raises ``FormatError`` naming every parameter the config and parallel description imply
         that the model lacks or holds with another local shape. Parameters and floating-point
         buffers the convention does not know are returned as ``unmapped``; integer buffers (vLLM's
-        expert maps) are no weights and are left alone.
+        expert maps) and attention layers' kv-cache scales are no weights and are left alone.
         """
         if isinstance(model, (list, tuple)):
             if len(model) != 1:
@@ -483,6 +483,8 @@ class VLLMFormat(ModelFormat):
         for qualname, tensor, _ in iter_tensors(model):
             if not isinstance(tensor, torch.nn.Parameter) and not tensor.is_floating_point():
                 continue  # an index buffer (FusedMoE's expert map), not a weight
+            if _is_runtime_scale(qualname):
+                continue  # an attention layer's kv-cache scales (1.0 unless quantized): no weight
             name = strip_wrappers(qualname)
             params[name.replace(_ROUTED, ".experts.") if _ROUTED in name else name] = (qualname, tensor)
         _check_params(table, params, context.rank)
@@ -494,6 +496,13 @@ class VLLMFormat(ModelFormat):
                 out.specs.append(TensorSpec(meta, piece.layout, tensor))
         out.padding = [_apply(params[name][1], cut) for name, cut in table.padding]
         return out
+
+
+def _is_runtime_scale(qualname: str) -> bool:
+    """vLLM's ``Attention`` layers hold ``_k_scale``, ``_v_scale``, ``_q_scale``, ``_prob_scale``
+    as parameters; they scale a quantized kv cache, are no checkpoint weights and never refit."""
+    owner, _, last = qualname.rpartition(".")
+    return owner.endswith(".attn") and last.startswith("_") and last.endswith("_scale")
 
 
 def _check_params(table: _Table, params: dict[str, tuple[str, torch.Tensor]], rank: int) -> None:

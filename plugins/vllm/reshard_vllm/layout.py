@@ -1,0 +1,70 @@
+"""A vLLM worker's destination layout, read from vLLM's process groups and checked against its live layers.
+
+Format "vllm" (``reshard_core.formats.vllm``) derives every parameter's layout from the model's
+config and a ``VLLMParallel`` (TP groups, expert parallelism, expert placement).
+``engine_parallel(model)`` builds that description from vLLM's own TP/DP groups and MoE config, then
+checks it against what each live layer says about itself, so a worker whose layers were built
+another way (a vLLM release with other rules) is refused by name instead of receiving wrong rows:
+
+- parallel linear layers (column, row, merged, ``QKVParallelLinear``): ``tp_size`` and ``tp_rank``;
+- ``QKVParallelLinear``: ``num_kv_heads`` and ``num_kv_head_replicas`` (kv heads replicated when TP
+  exceeds them);
+- ``VocabParallelEmbedding`` / ``ParallelLMHead``: the padded vocabulary and this rank's slice of it;
+- routed experts: how many experts this rank holds (all of them, TP-cut, unless expert parallel).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reshard_core.errors import FormatError
+from reshard_core.formats.vllm import VOCAB_PADDING, VLLMParallel, parallel_from_vllm
+
+
+def engine_parallel(model: Any, rank: int) -> VLLMParallel:
+    """The ``VLLMParallel`` of the live vLLM ``model`` on vLLM rank ``rank`` (vLLM's own world's ranks).
+
+    Raises ``FormatError`` naming the first layer whose attributes disagree with it.
+    """
+    parallel = parallel_from_vllm(model)
+    config = getattr(model, "config", None)
+    problems = [p for name, layer in model.named_modules() for p in _check(name, layer, parallel, rank, config)]
+    if problems:
+        raise FormatError(
+            f"format 'vllm' on vLLM rank {rank}: the live layers disagree with the layout read from "
+            f"vLLM's groups {parallel}: " + "; ".join(problems[:4])
+            + (f" (and {len(problems) - 4} more)" if len(problems) > 4 else "")
+        )
+    return parallel
+
+
+def _check(name: str, layer: Any, par: VLLMParallel, rank: int, config: Any) -> list[str]:
+    kind = type(layer).__name__
+    where = f"{name} ({kind})"
+    tp_rank = next(g.index(rank) for g in par.tp_groups if rank in g)
+    out = []
+    if hasattr(layer, "tp_size") and hasattr(layer, "tp_rank") and hasattr(layer, "output_sizes"):
+        if (layer.tp_size, layer.tp_rank) != (par.tp_size, tp_rank) and layer.tp_size != 1:
+            out.append(f"{where} has tp_size {layer.tp_size}, tp_rank {layer.tp_rank}, "
+                       f"expected {par.tp_size}, {tp_rank}")  # fmt: skip
+    if hasattr(layer, "num_kv_head_replicas") and hasattr(layer, "total_num_kv_heads"):
+        kv = layer.total_num_kv_heads
+        replicas = par.tp_size // kv if par.tp_size >= kv else 1
+        heads = 1 if par.tp_size >= kv else kv // par.tp_size
+        if (layer.num_kv_heads, layer.num_kv_head_replicas) != (heads, replicas):
+            out.append(f"{where} holds {layer.num_kv_heads} kv heads with {layer.num_kv_head_replicas} "
+                       f"replicas, expected {heads} with {replicas}")  # fmt: skip
+    indices = getattr(layer, "shard_indices", None)
+    if indices is not None and hasattr(layer, "num_embeddings_padded") and hasattr(layer, "org_vocab_size"):
+        padded = -(-layer.org_vocab_size // VOCAB_PADDING) * VOCAB_PADDING
+        per = padded // par.tp_size
+        if (layer.num_embeddings_padded, indices.padded_org_vocab_start_index) != (padded, tp_rank * per):
+            out.append(f"{where} pads the vocabulary to {layer.num_embeddings_padded} rows from row "
+                       f"{indices.padded_org_vocab_start_index}, expected {padded} from {tp_rank * per}")  # fmt: skip
+    local = getattr(layer, "local_num_experts", None)
+    if isinstance(local, int) and config is not None and getattr(config, "num_experts", None):
+        experts = int(config.num_experts)
+        expected = len(par.experts_of(experts)[par.ranks.index(rank)]) if par.use_ep else experts
+        if local != expected:
+            out.append(f"{where} holds {local} experts, expected {expected}")
+    return out

@@ -1,0 +1,28 @@
+"""Registers backend ``"reshard"`` with vLLM's weight-transfer factories (both sides).
+
+vLLM calls ``register`` in every process it starts (API server, engine core, workers) through the
+``vllm.general_plugins`` entry point, so installing reshard-vllm is all an engine needs. A trainer
+process loads no vLLM plugins: there, using any of ``reshard_vllm``'s vLLM classes registers them
+(or call ``register()``). Registering twice is a no-op.
+"""
+
+from __future__ import annotations
+
+BACKEND = "reshard"
+
+
+def register() -> None:
+    """Make ``weight_transfer_config={"backend": "reshard"}`` and ``ReshardTrainerInitInfo`` work here."""
+    from vllm.distributed.weight_transfer.factory import (
+        WeightTransferEngineFactory,
+        WeightTransferTrainerFactory,
+    )
+
+    if BACKEND not in WeightTransferEngineFactory._registry:
+        WeightTransferEngineFactory.register_engine(
+            BACKEND, "reshard_vllm.engine", "ReshardWeightTransferEngine"
+        )
+    if BACKEND not in WeightTransferTrainerFactory._registry:
+        WeightTransferTrainerFactory.register_engine(
+            BACKEND, "reshard_vllm.trainer", "ReshardTrainerWeightTransferEngine"
+        )
