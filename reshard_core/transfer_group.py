@@ -139,10 +139,11 @@ class TransferGroup:
         pg._register_backend(device, kind, impl)
         return pg
 
-    def gather_text(self, text: str, *, what: str = "status") -> list[str]:
+    def gather_text(self, text: str, *, what: str = "status", missing: str | None = None) -> list[str]:
         """Every rank's ``text``, in rank order. Collective over the group, through its store (so it
-        also works when the group's process group failed); raises ``TransportError`` naming the
-        ranks that did not report within ``timeout``. Ranks must call it in the same order."""
+        also works when the group's process group failed). A rank that did not report within
+        ``timeout`` gets ``missing`` when it is given; else ``TransportError`` names those ranks.
+        Ranks must call it in the same order."""
         if self.closed:
             raise TransportError(f"transfer group {self.address or self.key}: used after close()")
         self._gathers += 1
@@ -153,8 +154,10 @@ class TransferGroup:
             self.store.wait(keys, datetime.timedelta(seconds=self.timeout))
             return [self.store.get(k).decode() for k in keys]
         except Exception as exc:
-            missing = _unset(self.store, keys)
-            who = f"ranks {missing} did not report" if missing else _first_line(exc)
+            absent = _unset(self.store, keys)
+            if missing is not None and absent is not None:
+                return [missing if r in absent else self.store.get(k).decode() for r, k in enumerate(keys)]
+            who = f"ranks {absent} did not report" if absent else _first_line(exc)
             raise TransportError(
                 f"transfer group rank {self.rank}: {what}: {who} within {self.timeout:g} s "
                 "(failed, exited or stalled)"

@@ -37,6 +37,7 @@ tensors (``rank=None``: every logical tensor), for an integrator planning offlin
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -423,14 +424,17 @@ def parallel_from_vllm(model: Any = None) -> VLLMParallel:
     vLLM's ranks are this process group's ranks. MoE options are read from ``model``'s first
     ``FusedMoE`` layer (``moe_parallel_config.use_ep``, ``expert_placement_strategy``).
     """
+    ps = sys.modules.get("vllm.distributed.parallel_state")  # a vLLM worker imported it; never import vLLM here
     try:
-        from vllm.distributed import parallel_state as ps
-    except ImportError as exc:
+        if ps is None:
+            raise RuntimeError("this process is no vLLM worker")
+        pp_size = ps.get_pp_group().world_size
+    except Exception as exc:  # not imported, or imported without initialised groups
         raise FormatError(
-            f"format 'vllm': the model has no {PARALLEL_ATTR} attribute and vllm is not importable "
-            f"({exc}); set it to a reshard_core.formats.vllm.VLLMParallel"
+            f"format 'vllm': the model has no {PARALLEL_ATTR} attribute and vLLM's process groups are not "
+            f"available ({exc}); set it to a reshard_core.formats.vllm.VLLMParallel"
         ) from exc
-    if ps.get_pp_group().world_size > 1:
+    if pp_size > 1:
         raise FormatError("format 'vllm': pipeline-parallel vLLM engines are not supported")
     tp, dp = ps.get_tp_group(), ps.get_dp_group()
     mine = tuple(int(r) for r in tp.ranks)

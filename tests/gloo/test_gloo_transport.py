@@ -160,9 +160,9 @@ def _device_staging_world(rank, world):
     transport._sync_stream = lambda dev: log.append("sync")
     isend = dist.isend
 
-    def logged_isend(tensor, dst, group=None):
+    def logged_isend(tensor, dst=None, group=None, group_dst=None):
         log.append(f"isend {tensor.numel()}")
-        return isend(tensor, dst, group=group)
+        return isend(tensor, dst, group=group, group_dst=group_dst)
 
     dist.isend = logged_isend
     service = GlooCopyService(timeout=60.0)

@@ -12,6 +12,7 @@ from reshard_nccl import plugin, streams
 from reshard_nccl.transport import NcclCopyService
 
 from reshard_core.errors import TransportError
+from reshard_core.refit_group import RefitGroup
 from reshard_core.transport.p2p import Issued, QueuedOp
 
 needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the reason given without CUDA")
@@ -131,6 +132,7 @@ def _service_without_cuda(monkeypatch, log: Log, requests_per_batch: str = "one 
     """An ``NcclCopyService`` wired to stand-ins for CUDA streams and NCCL (``__init__`` skipped)."""
     service = object.__new__(NcclCopyService)
     service.timeout, service.comm, service._side, service._closed = None, "comm", {}, False
+    service.view = RefitGroup(None, (0, 1, 2), 0, 3, "nccl", 0, (0, 1, 2))  # peers' group ranks = their ranks
     streams_by_name = {}
 
     def stream_for(name):
@@ -140,8 +142,8 @@ def _service_without_cuda(monkeypatch, log: Log, requests_per_batch: str = "one 
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: stream_for(f"current[{device}]"))
     monkeypatch.setattr(torch.cuda, "stream", log.use)
 
-    def p2p_op(start, tensor, peer, group):
-        return (start.__name__, tensor.label, peer, group)
+    def p2p_op(start, tensor, peer=None, group=None, tag=0, group_peer=None):
+        return (start.__name__, tensor.label, group_peer, group)
 
     def batch(p2p_ops):
         log.events.append(f"batch_isend_irecv({p2p_ops})")

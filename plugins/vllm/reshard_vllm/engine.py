@@ -7,15 +7,17 @@ Protocol (the trainer side, ``trainer.py``, drives it through any vLLM weight-sy
   again against the same engine);
 - ``start_weight_update()``: nothing to prepare (the model is never left half-loaded between RPCs);
 - ``receive_weights(ReshardUpdateInfo)``: inside this one RPC, open a layerwise reload
-  (``reload.LayerwiseUpdate``), refit the trainer's weights into this worker's checkpoint-layout
+  (``reload.LayerwiseUpdate``; ``reload.InPlaceUpdate`` for weights no layer repacks), refit the trainer's weights into this worker's checkpoint-layout
   parameters (format "vllm", layout from ``layout.engine_parallel``: only this worker's slices move),
   agree with every rank of the group, then commit the update on every worker or roll it back on
-  every worker. A failure raises the same error on every worker; the previous weights stay active;
+  every worker. A failure is logged by every worker and raised by one (``_fail_alike``); the
+  previous weights stay active;
 - ``finish_weight_update()``: record the update's version.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -32,8 +34,10 @@ from reshard_core.errors import ReshardError
 from reshard_core.formats.vllm import declare_vllm
 
 from .layout import engine_parallel
-from .reload import LayerwiseUpdate
+from .reload import InPlaceUpdate, LayerwiseUpdate
 from .verdict import Verdict, agree
+
+logger = logging.getLogger("reshard_vllm")
 
 
 @dataclass
@@ -45,6 +49,10 @@ class ReshardInitInfo(WeightTransferInitInfo):
     trainer_world_size: int
     timeout: float = 60.0
     transport: str = "gloo"
+    inplace: bool | None = None
+    """Write parameters in place (``reload.InPlaceUpdate``) instead of through vLLM's layerwise
+    reload. None: in place exactly when every parameter is already in its checkpoint layout (an
+    unquantized model on a GPU); True when that is not so is an error."""
 
 
 @dataclass
@@ -82,25 +90,37 @@ class ReshardWeightTransferEngine(WeightTransferEngine[ReshardInitInfo, ReshardU
             )
         self.shutdown()  # a restarted trainer: leave the old group before joining the new one
         trainers, workers = int(init_info.trainer_world_size), dist.get_world_size()
-        self.group = reshard_core.TransferGroup.join(
-            init_info.master_address, init_info.master_port, rank=trainers + dist.get_rank(),
-            size=trainers + workers, job_ranks=range(trainers, trainers + workers), timeout=init_info.timeout,
-        )  # fmt: skip
-        self.info = init_info
+        error = ""
+        try:
+            self.group = reshard_core.TransferGroup.join(
+                init_info.master_address, init_info.master_port, rank=trainers + dist.get_rank(),
+                size=trainers + workers, job_ranks=range(trainers, trainers + workers), timeout=init_info.timeout,
+            )  # fmt: skip
+            self.info = init_info
+        except ReshardError as exc:
+            error = str(exc)
+        errors = [None] * workers
+        dist.all_gather_object(errors, error)  # over vLLM's own world: its workers fail alike
+        failed = "; ".join(e for e in dict.fromkeys(errors) if e)
+        if failed:
+            self.shutdown()
+            _fail_alike(f"reshard: the engine could not join the transfer group: {failed}")
 
     def start_weight_update(self) -> None:
         self._pending = None
 
     def receive_weights(self, update_info: ReshardUpdateInfo) -> None:
         if self.group is None or self.info is None:
-            raise ReshardError(
+            _fail_alike(
                 "reshard: weights were sent before init_weight_transfer_engine; initialise the transfer "
                 "engine (trainer_init on the trainer) first"
             )
+            return
         start = time.perf_counter()
-        update = LayerwiseUpdate(self.model, self.model_config, self.buffers)
         mine = Verdict.ok()
+        update: LayerwiseUpdate | InPlaceUpdate | None = None
         try:
+            update = self._update()
             update.open()
             declare_vllm(self.model, engine_parallel(self.model, dist.get_rank()))
             report = reshard_core.refit(
@@ -112,14 +132,26 @@ class ReshardWeightTransferEngine(WeightTransferEngine[ReshardInitInfo, ReshardU
         try:
             self.last = agree(self.group, mine, what="vLLM weight update")
         except BaseException:
-            update.rollback()
+            if update is not None:
+                update.rollback()
             raise
         if self.last.failures:
-            update.rollback()
-            raise ReshardError(self.last.message())
+            if update is not None:
+                update.rollback()
+            _fail_alike(self.last.message())
+            return
         update.commit()
         self._pending = update_info.version
         self.last.seconds = time.perf_counter() - start
+
+    def _update(self) -> LayerwiseUpdate | InPlaceUpdate:
+        """How this update reaches the live weights (see ``ReshardInitInfo.inplace``)."""
+        why_not = InPlaceUpdate.possible(self.model)
+        if self.info.inplace and why_not:
+            raise ReshardError(f"reshard: inplace=True, but the model cannot be written in place: {why_not}")
+        if self.info.inplace is False or why_not:
+            return LayerwiseUpdate(self.model, self.model_config, self.buffers)
+        return InPlaceUpdate(self.model, self.buffers)
 
     def finish_weight_update(self) -> None:
         if self._pending is not None:
@@ -130,6 +162,19 @@ class ReshardWeightTransferEngine(WeightTransferEngine[ReshardInitInfo, ReshardU
         if self.group is not None:
             self.group.close()
         self.group = None
+
+
+def _fail_alike(message: str) -> None:
+    """Raise ``message`` (known to every worker alike) from the last worker only, after logging it.
+
+    vLLM 0.32's executor reads the workers' replies in rank order and raises at the first error
+    without reading the others, which then answer the next RPC in its place. An error raised by the
+    last worker alone is read after every other reply. The other workers return normally, so their
+    update stays open: the trainer ends it with ``finish_weight_update`` (which then fails on the
+    last worker alone, whose update vLLM closed when it raised)."""
+    logger.error("%s", message)
+    if dist.get_rank() == dist.get_world_size() - 1:
+        raise ReshardError(message)
 
 
 def _held_bytes(model: torch.nn.Module) -> int:

