@@ -86,21 +86,21 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
 
+    from reshard_vllm import LLMClient, ReshardTrainerInitInfo
+    from reshard_vllm import testing as T
     from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
 
     from reshard_core.testing.world import free_port
-    from reshard_vllm import LLMClient, ReshardTrainerInitInfo
-    from reshard_vllm import testing as T
 
     config = T.tiny_llama_config(
-        hidden_size=args.hidden, intermediate_size=args.hidden * 11 // 4 // 64 * 64, num_hidden_layers=args.layers,
-        num_attention_heads=args.hidden // 64, num_key_value_heads=max(args.tp, args.hidden // 256), head_dim=64,
-        vocab_size=args.vocab,
+        hidden_size=args.hidden, intermediate_size=args.hidden * 11 // 4 // 64 * 64,
+        num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,
+        num_key_value_heads=max(args.tp, args.hidden // 256), head_dim=64, vocab_size=args.vocab,
     )  # fmt: skip
     model = T.tiny_model(config, seed=0)
     size = sum(p.numel() * p.element_size() for p in model.parameters())
-    print(f"model: {size / 2**20:.1f} MiB bf16, {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}; "
-          f"engine TP{args.tp} on CPU (Gloo)")  # fmt: skip
+    shape = f"{args.layers} layers, hidden {args.hidden}, vocab {args.vocab}"
+    print(f"model: {size / 2**20:.1f} MiB bf16, {shape}; engine TP{args.tp} on CPU (Gloo)")
     import tempfile
 
     t0 = time.perf_counter()

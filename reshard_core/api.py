@@ -567,7 +567,8 @@ def _agree(
     ranks = view.ranks
     gathered = torch.empty(len(flags) * len(ranks), dtype=torch.int32, device=device)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
-    bounded.wait(gather(gathered, mine, group=view.pg, async_op=True), timeout, group, "refit could not start")
+    work = gather(gathered, mine, group=view.pg, async_op=True)
+    bounded.wait(work, timeout, group, "refit could not start")
     rows = gathered.view(len(ranks), len(flags)).cpu().tolist()
     src_ranks = tuple(r for r, f in zip(ranks, rows, strict=True) if f[1])
     dst_ranks = tuple(r for r, f in zip(ranks, rows, strict=True) if f[2])

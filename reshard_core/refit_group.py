@@ -66,7 +66,9 @@ def view_of(group: Any) -> RefitGroup:
 
             raise TransportError(f"{group!r} is closed; join a new transfer group")
         ranks = tuple(range(group.size))
-        return RefitGroup(group.pg, ranks, group.rank, group.size, group.backend, group.offset, group.key, group)
+        return RefitGroup(
+            group.pg, ranks, group.rank, group.size, group.backend, group.offset, group.key, group
+        )
     if not (dist.is_available() and dist.is_initialized()):
         from .errors import TransportError
 

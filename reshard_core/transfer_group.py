@@ -15,7 +15,7 @@ ranks. Nothing on the refit path consults the default world. The group stays up 
 the same way as a trainer and an engine::
 
     group = TransferGroup.join("10.0.0.1", 29600, rank=T + my_rank, size=T + N, job_ranks=range(T, T + N))
-    reshard_core.refit(None, engine_model, group=group)    # on every engine rank; the trainer passes its model
+    reshard_core.refit(None, engine_model, group=group)  # every engine rank; the trainer passes its model
     group.close()
 """
 
@@ -51,7 +51,9 @@ class TransferGroup:
     ) -> None:  # fmt: skip
         _check_ranks(rank, size, job_ranks)
         if backend not in _BACKENDS:
-            raise TransportError(f"transfer group: backend must be one of {', '.join(_BACKENDS)}, got {backend!r}")
+            raise TransportError(
+                f"transfer group: backend must be one of {', '.join(_BACKENDS)}, got {backend!r}"
+            )
         self.store, self.rank, self.size, self.job_ranks = store, rank, size, job_ranks
         self.backend, self.timeout, self.address = backend, float(timeout), address
         self.key = ("transfer", next(_serial))

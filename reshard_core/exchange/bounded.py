@@ -4,8 +4,9 @@ Without a bound, a rank that failed on its own, exited or stalled before a pre-e
 leaves every peer waiting until the process-group timeout (30 minutes by default). ``wait`` waits
 for an ``async_op`` collective at most ``timeout`` seconds and then raises ``TransportError``. To
 name the ranks that never joined, each rank that timed out marks itself in the group's store (the
-default store, or a ``TransferGroup``'s) under a per-group sequence number and, after a short grace, lists the ranks that did not
-(a stalled rank never marks itself; only the failure path touches the store).
+default store, or a ``TransferGroup``'s) under a per-group sequence number and, after a short
+grace, lists the ranks that did not (a stalled rank never marks itself; only the failure path
+touches the store).
 """
 
 from __future__ import annotations

@@ -424,7 +424,7 @@ def parallel_from_vllm(model: Any = None) -> VLLMParallel:
     vLLM's ranks are this process group's ranks. MoE options are read from ``model``'s first
     ``FusedMoE`` layer (``moe_parallel_config.use_ep``, ``expert_placement_strategy``).
     """
-    ps = sys.modules.get("vllm.distributed.parallel_state")  # a vLLM worker imported it; never import vLLM here
+    ps = sys.modules.get("vllm.distributed.parallel_state")  # a vLLM worker imported it; never import it
     try:
         if ps is None:
             raise RuntimeError("this process is no vLLM worker")

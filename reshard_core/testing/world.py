@@ -2,8 +2,9 @@
 
 ``run_world(fn, world_size, *args)`` starts ``world_size`` processes, each calling
 ``fn(rank, world_size, *args)`` inside an initialised Gloo process group, and returns the list of
-their return values (rank order). ``run_jobs`` runs several such worlds at once, as separate jobs. A rank that raises makes ``run_world`` raise ``WorldError`` with
-every failing rank's traceback; a world that does not finish within ``timeout`` seconds is killed.
+their return values (rank order); ``run_jobs`` runs several such worlds at once, as separate jobs.
+A rank that raises makes ``run_world`` raise ``WorldError`` with every failing rank's traceback; a
+world that does not finish within ``timeout`` seconds is killed.
 """
 
 from __future__ import annotations
@@ -116,11 +117,8 @@ def run_jobs(
         lines = [f"{name(k)} failed:\n{failures[k]}" for k in sorted(failures)]
         died = [k for k in missing if procs[k].exitcode not in (None, 0)]
         if died:
-            lines.append(
-                ("ranks " if len(jobs) == 1 else "")
-                + ", ".join(f"{name(k) if len(jobs) > 1 else k[1]} (exit code {procs[k].exitcode})" for k in died)
-                + " died without reporting"
-            )
+            who = [f"{name(k) if len(jobs) > 1 else k[1]} (exit code {procs[k].exitcode})" for k in died]
+            lines.append(("ranks " if len(jobs) == 1 else "") + ", ".join(who) + " died without reporting")
         if len(died) < len(missing):
             stuck = [k[1] if len(jobs) == 1 else name(k) for k in missing if k not in died]
             lines.append(f"ranks {stuck} did not finish within {timeout:.0f} s")

@@ -110,7 +110,9 @@ def test_dtensor_meshes_of_the_trainer_job_are_read_in_its_own_ranks() -> None:
 
 
 def _lonely(rank: int, world: int, port: int) -> str:
-    return outcome(lambda: TransferGroup.join("127.0.0.1", port, rank=1, size=2, job_ranks=range(1, 2), timeout=2))
+    return outcome(
+        lambda: TransferGroup.join("127.0.0.1", port, rank=1, size=2, job_ranks=range(1, 2), timeout=2)
+    )
 
 
 def test_an_address_nobody_hosts_is_one_transport_error_naming_it() -> None:

@@ -26,7 +26,9 @@ def server(tmp_path_factory):
 
 
 def test_a_megatron_moe_job_in_ep2_refits_tp_sharded_engine_experts(server) -> None:
-    rounds = run_world(megatron_job, 2, server.url, server.model_dir, 0, "qwen3_moe", SEEDS, 1, 2, timeout=600)[0]
+    rounds = run_world(
+        megatron_job, 2, server.url, server.model_dir, 0, "qwen3_moe", SEEDS, 1, 2, timeout=600
+    )[0]
     check_rounds(rounds, "qwen3_moe")
 
 

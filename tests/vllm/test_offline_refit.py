@@ -34,13 +34,17 @@ def test_three_updates_of_the_offline_llm_each_match_transformers(llm) -> None:
     config = T.tiny_llama_config(dtype=DTYPE)
     model = model_for(config, 0)
     info = ReshardTrainerInitInfo("127.0.0.1", free_port(), 1, rank=0, timeout=60)
-    engine = WeightTransferTrainerFactory.trainer_init(info, client=LLMClient(llm), source=ModuleSource(model))
+    engine = WeightTransferTrainerFactory.trainer_init(
+        info, client=LLMClient(llm), source=ModuleSource(model)
+    )
     previous = T.llm_greedy(llm, PROMPT, NEW_TOKENS)[0]
     for seed in (31, 32, 33):
         model.load_state_dict(model_for(config, seed).state_dict())
         verdict = engine.send_weights(version=f"step-{seed}")
         tokens, logprobs = T.llm_greedy(llm, PROMPT, NEW_TOKENS)
-        check = T.check_greedy(model, PROMPT, tokens, logprobs, logprob_atol=LOGPROB_ATOL, tie_atol=LOGPROB_ATOL)
+        check = T.check_greedy(
+            model, PROMPT, tokens, logprobs, logprob_atol=LOGPROB_ATOL, tie_atol=LOGPROB_ATOL
+        )
         assert check.ok, f"seed {seed}: {check}"
         assert tokens != previous
         previous = tokens

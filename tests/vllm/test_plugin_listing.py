@@ -34,5 +34,7 @@ def test_importing_reshard_vllm_imports_no_vllm_until_a_vllm_class_is_used() -> 
         "from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory as F; "
         "print(ReshardTrainerInitInfo.backend, 'reshard' in F._registry)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
     assert out.stdout.split() == ["False", "reshard", "True"]

@@ -42,16 +42,12 @@ def server(tmp_path_factory):
 
 
 def test_an_fsdp2_llama_job_refits_the_tp2_server(server) -> None:
-    rounds = run_world(
-        hf_fsdp_job, 2, server.url, server.model_dir, 0, "llama", SEEDS, timeout=600
-    )[0]
+    rounds = run_world(hf_fsdp_job, 2, server.url, server.model_dir, 0, "llama", SEEDS, timeout=600)[0]
     check_rounds(rounds)
 
 
 def test_a_megatron_tp2_job_refits_the_tp2_server(server) -> None:
-    rounds = run_world(
-        megatron_job, 2, server.url, server.model_dir, 0, "llama", SEEDS, 2, 1, timeout=600
-    )[0]
+    rounds = run_world(megatron_job, 2, server.url, server.model_dir, 0, "llama", SEEDS, 2, 1, timeout=600)[0]
     check_rounds(rounds)
 
 
@@ -62,7 +58,9 @@ def _serving(server) -> list[int]:
 def test_a_model_that_does_not_match_the_engine_fails_both_sides_and_keeps_the_old_weights(server) -> None:
     before = _serving(server)
     [text, _] = run_world(failing_job, 2, server.url, server.model_dir, 0, "mismatch", timeout=300)
-    assert text.startswith("ReshardError: weight update failed, previous weights kept on every worker: "), text
+    assert text.startswith("ReshardError: weight update failed, previous weights kept on every worker: "), (
+        text
+    )
     assert "model.layers.2." in text, text  # the trainer's extra layer is named
     assert _serving(server) == before
 
@@ -73,7 +71,9 @@ def test_a_trainer_rank_that_dies_mid_update_leaves_the_old_weights(server, tmp_
     with pytest.raises(WorldError, match=r"ranks 1 \(exit code 3\) died without reporting"):
         run_world(failing_job, 2, server.url, server.model_dir, 0, "dies", str(out), timeout=300)
     text = out.read_text()  # rank 0: the engine's workers and rank 0 itself waited for rank 1 in vain
-    assert text.startswith("ReshardError: weight update failed, previous weights kept on every worker: "), text
+    assert text.startswith("ReshardError: weight update failed, previous weights kept on every worker: "), (
+        text
+    )
     assert "rank 1" in text, text
     assert _serving(server) == before
 
@@ -105,7 +105,8 @@ def test_a_restarted_trainer_job_initialises_again_and_its_updates_land(server) 
     [rounds, _] = run_world(hf_fsdp_job, 2, server.url, server.model_dir, 0, "llama", [22], timeout=600)
     tokens, logprobs, _ = rounds[0]
     config = T.tiny_llama_config(dtype=DTYPE)
-    check = T.check_greedy(model_for(config, 22), PROMPT, tokens, logprobs, logprob_atol=LOGPROB_ATOL,
-                           tie_atol=LOGPROB_ATOL)
+    check = T.check_greedy(
+        model_for(config, 22), PROMPT, tokens, logprobs, logprob_atol=LOGPROB_ATOL, tie_atol=LOGPROB_ATOL
+    )
     assert check.ok, str(check)
     assert _serving(server) == tokens

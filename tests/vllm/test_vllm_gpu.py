@@ -36,10 +36,16 @@ def _refit_three_times(llm, config, *, transport: str, inplace: bool | None) -> 
     engine.shutdown()
 
 
-@pytest.mark.parametrize(("transport", "inplace"), [("nccl", True), ("gloo", False)], ids=["nccl-inplace", "gloo-reload"])
-def test_a_gpu_engine_is_refit_in_place_over_nccl_and_through_the_reload(tmp_path, transport, inplace) -> None:
+@pytest.mark.parametrize(
+    ("transport", "inplace"), [("nccl", True), ("gloo", False)], ids=["nccl-inplace", "gloo-reload"]
+)
+def test_a_gpu_engine_is_refit_in_place_over_nccl_and_through_the_reload(
+    tmp_path, transport, inplace
+) -> None:
     config = T.tiny_llama_config()
-    llm = T.offline_llm(T.write_model_dir(tmp_path, config), tp=1, weight_transfer_config={"backend": "reshard"})
+    llm = T.offline_llm(
+        T.write_model_dir(tmp_path, config), tp=1, weight_transfer_config={"backend": "reshard"}
+    )
     try:
         _refit_three_times(llm, config, transport=transport, inplace=inplace)
     finally:

@@ -1,8 +1,8 @@
 """Trainer jobs for the vLLM tests: each runs as a separate job (own processes, own Gloo world,
 ``reshard_core.testing.world.run_world``) and refits a running vLLM engine through reshard-vllm.
 
-A job gets the engine's URL (a server) and the transfer group's port (0: rank 0 picks one). Round ``k`` sets the
-trainer's weights to ``model_for(config, seeds[k])`` (the test builds the same model as its
+A job gets the engine's URL (a server) and the transfer group's port (0: rank 0 picks one). Round
+``k`` sets the trainer's weights to ``model_for(config, seeds[k])`` (the test builds the same model as its
 reference), sends them, and has rank 0 ask the server for a greedy completion. Returns, per round,
 ``(tokens, logprobs, {engine rank: (bytes received, bytes expected)})`` on rank 0, None elsewhere.
 """
@@ -68,7 +68,9 @@ def _round(engine: Any, rank: int, url: str, model_dir: str) -> Any:
     return tokens, logprobs, dict(verdict.received)
 
 
-def hf_fsdp_job(rank: int, world: int, url: str, model_dir: str, port: int, kind: str, seeds: list[int]) -> Any:
+def hf_fsdp_job(
+    rank: int, world: int, url: str, model_dir: str, port: int, kind: str, seeds: list[int]
+) -> Any:
     """An FSDP2 transformers model (``kind``: "llama" or "qwen3_moe") sharded over this job's ranks."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import distribute_tensor
@@ -131,7 +133,9 @@ def _failing(rank: int, world: int, url: str, port: int, case: str) -> str:
     from reshard_core.testing.world import outcome
 
     if case == "mismatch":  # another model: 3 layers, hidden 96, vocab 640
-        config = tiny_llama_config(num_hidden_layers=3, hidden_size=96, vocab_size=640, head_dim=24, dtype=DTYPE)
+        config = tiny_llama_config(
+            num_hidden_layers=3, hidden_size=96, vocab_size=640, head_dim=24, dtype=DTYPE
+        )
         model = model_for(config, 99)
         for layer in model.model.layers:
             from torch.distributed.fsdp import fully_shard
@@ -161,8 +165,14 @@ def check_rounds(rounds: list, kind: str = "llama") -> None:
     config = _config(kind)
     previous = None
     for seed, (tokens, logprobs, received) in zip(SEEDS, rounds, strict=True):
-        check = check_greedy(model_for(config, seed), PROMPT, tokens, logprobs, logprob_atol=LOGPROB_ATOL,
-                             tie_atol=LOGPROB_ATOL)
+        check = check_greedy(
+            model_for(config, seed),
+            PROMPT,
+            tokens,
+            logprobs,
+            logprob_atol=LOGPROB_ATOL,
+            tie_atol=LOGPROB_ATOL,
+        )
         assert check.ok, f"seed {seed}: {check}"
         assert len(tokens) == NEW_TOKENS and tokens != previous
         previous = tokens
@@ -194,14 +204,15 @@ def _build_gpt(config: Any, *, tp: int, ep: int) -> Any:
         extra = dict(
             num_moe_experts=moe, moe_ffn_hidden_size=config.moe_intermediate_size,
             moe_router_topk=config.num_experts_per_tok, expert_model_parallel_size=ep,
-            moe_grouped_gemm=False, moe_router_load_balancing_type="none", moe_token_dispatcher_type="allgather",
-            qk_layernorm=True,
+            moe_grouped_gemm=False, moe_router_load_balancing_type="none",
+            moe_token_dispatcher_type="allgather", qk_layernorm=True,
         )  # fmt: skip
     tc = TransformerConfig(
         num_layers=config.num_hidden_layers, hidden_size=config.hidden_size,
         num_attention_heads=config.num_attention_heads, num_query_groups=config.num_key_value_heads,
         kv_channels=config.head_dim, ffn_hidden_size=config.intermediate_size, gated_linear_unit=True,
-        activation_func=F.silu, add_bias_linear=False, normalization="RMSNorm", layernorm_epsilon=config.rms_norm_eps,
+        activation_func=F.silu, add_bias_linear=False, normalization="RMSNorm",
+        layernorm_epsilon=config.rms_norm_eps,
         use_cpu_initialization=True, tensor_model_parallel_size=tp, params_dtype=getattr(torch, DTYPE),
         hidden_dropout=0.0, attention_dropout=0.0, **extra,
     )  # fmt: skip

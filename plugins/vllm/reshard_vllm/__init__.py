@@ -5,7 +5,9 @@ point ``vllm.general_plugins``): start the engine with ``weight_transfer_config=
 (``LLM``) or ``--weight-transfer-config '{"backend": "reshard"}'`` (server). On every trainer rank::
 
     from reshard_vllm import ReshardTrainerInitInfo
-    from vllm.distributed.weight_transfer import HTTPVLLMWeightSyncClient, ModuleSource, WeightTransferTrainerFactory
+    from vllm.distributed.weight_transfer import (
+        HTTPVLLMWeightSyncClient, ModuleSource, WeightTransferTrainerFactory,
+    )
 
     info = ReshardTrainerInitInfo("10.0.0.1", 29600, trainer_world_size, rank=rank)
     engine = WeightTransferTrainerFactory.trainer_init(info, client=HTTPVLLMWeightSyncClient(url),

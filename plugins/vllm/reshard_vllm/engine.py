@@ -7,8 +7,9 @@ Protocol (the trainer side, ``trainer.py``, drives it through any vLLM weight-sy
   again against the same engine);
 - ``start_weight_update()``: nothing to prepare (the model is never left half-loaded between RPCs);
 - ``receive_weights(ReshardUpdateInfo)``: inside this one RPC, open a layerwise reload
-  (``reload.LayerwiseUpdate``; ``reload.InPlaceUpdate`` for weights no layer repacks), refit the trainer's weights into this worker's checkpoint-layout
-  parameters (format "vllm", layout from ``layout.engine_parallel``: only this worker's slices move),
+  (``reload.LayerwiseUpdate``; ``reload.InPlaceUpdate`` for weights no layer repacks), refit the
+  trainer's weights into this worker's checkpoint-layout parameters (format "vllm", layout from
+  ``layout.engine_parallel``: only this worker's slices move),
   agree with every rank of the group, then commit the update on every worker or roll it back on
   every worker. A failure is logged by every worker and raised by one (``_fail_alike``); the
   previous weights stay active;
@@ -94,7 +95,8 @@ class ReshardWeightTransferEngine(WeightTransferEngine[ReshardInitInfo, ReshardU
         try:
             self.group = reshard_core.TransferGroup.join(
                 init_info.master_address, init_info.master_port, rank=trainers + dist.get_rank(),
-                size=trainers + workers, job_ranks=range(trainers, trainers + workers), timeout=init_info.timeout,
+                size=trainers + workers, job_ranks=range(trainers, trainers + workers),
+                timeout=init_info.timeout,
             )  # fmt: skip
             self.info = init_info
         except ReshardError as exc:

@@ -28,11 +28,14 @@ def engine_parallel(model: Any, rank: int) -> VLLMParallel:
     """
     parallel = parallel_from_vllm(model)
     config = getattr(model, "config", None)
-    problems = [p for name, layer in model.named_modules() for p in _check(name, layer, parallel, rank, config)]
+    problems = [
+        p for name, layer in model.named_modules() for p in _check(name, layer, parallel, rank, config)
+    ]
     if problems:
         raise FormatError(
             f"format 'vllm' on vLLM rank {rank}: the live layers disagree with the layout read from "
-            f"vLLM's groups {parallel}: " + "; ".join(problems[:4])
+            f"vLLM's groups {parallel}: "
+            + "; ".join(problems[:4])
             + (f" (and {len(problems) - 4} more)" if len(problems) > 4 else "")
         )
     return parallel
@@ -59,8 +62,9 @@ def _check(name: str, layer: Any, par: VLLMParallel, rank: int, config: Any) -> 
         padded = -(-layer.org_vocab_size // VOCAB_PADDING) * VOCAB_PADDING
         per = padded // par.tp_size
         if (layer.num_embeddings_padded, indices.padded_org_vocab_start_index) != (padded, tp_rank * per):
+            start = indices.padded_org_vocab_start_index
             out.append(f"{where} pads the vocabulary to {layer.num_embeddings_padded} rows from row "
-                       f"{indices.padded_org_vocab_start_index}, expected {padded} from {tp_rank * per}")  # fmt: skip
+                       f"{start}, expected {padded} from {tp_rank * per}")  # fmt: skip
     local = getattr(layer, "local_num_experts", None)
     if isinstance(local, int) and config is not None and getattr(config, "num_experts", None):
         experts = int(config.num_experts)

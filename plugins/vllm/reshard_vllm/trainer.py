@@ -105,7 +105,9 @@ class ReshardTrainerWeightTransferEngine(TrainerWeightTransferEngine[ReshardTrai
                 mine = Verdict.failed(self.group.rank, exc)
             self.last = agree(self.group, mine, what="vLLM weight update")
         if self.last.failures:
-            if self.is_sender:  # close the update on the workers that returned normally (see engine._fail_alike)
+            if (
+                self.is_sender
+            ):  # close the update on the workers that returned normally (see engine._fail_alike)
                 try:
                     self.client.finish_weight_update(None)
                 except Exception:  # fails on the worker vLLM already closed: expected
@@ -134,7 +136,8 @@ def model_of(source: Any) -> Any:
 
     if not modules or not all(isinstance(m, torch.nn.Module) for m in modules):
         raise ReshardError(
-            f"reshard: source must be a torch module, a list of them or a ModuleSource, got {type(source).__name__}"
+            "reshard: source must be a torch module, a list of them or a ModuleSource, "
+            f"got {type(source).__name__}"
         )
     return model
 
@@ -187,7 +190,8 @@ class _Background:
         """The engine's own error, when the call already failed."""
         if self.future is None or not self.future.done() or self.future.exception() is None:
             return ""
-        return f" (the engine's {getattr(self.fn, '__name__', 'call')} failed: {_describe(self.future.exception())})"
+        name = getattr(self.fn, "__name__", "call")
+        return f" (the engine's {name} failed: {_describe(self.future.exception())})"
 
     def result(self, what: str) -> None:
         if self.future is None:
