@@ -21,10 +21,11 @@ NEW_TOKENS = 8
 SEEDS = [11, 12, 13]
 DTYPE = "float32"
 """Engines and trainers run in float32: vLLM's CPU kernels then agree with transformers' logprobs
-to ~1e-6 (bf16: ~0.06), so ``LOGPROB_ATOL`` can be tight while any misplaced slice shows."""
+to ~1e-5 (MoE ~2e-4; bf16 ~0.05), so ``LOGPROB_ATOL`` can be tight while any misplaced slice shows."""
 LOGPROB_ATOL = 1e-3
-INIT_STD = 0.2
-"""Weights drawn from N(0, 0.2): peaked logits, so every round's greedy tokens differ clearly."""
+INIT_STD = 0.02
+"""Weights drawn from N(0, 0.02): vLLM's CPU attention then agrees with transformers to ~1e-5 in
+float32 (at 0.2 it drifts to ~3e-2), while a misplaced slice moves logprobs by 4e-2 or more."""
 
 
 def model_for(config: Any, seed: int) -> Any:
@@ -141,11 +142,11 @@ def _failing(rank: int, world: int, url: str, port: int, case: str) -> str:
             from torch.distributed.fsdp import fully_shard
 
             fully_shard(layer)
-        engine = _engine(rank, world, url, port, model, timeout=20)
+        engine = _engine(rank, world, url, port, model, timeout=10)
         return outcome(lambda: engine.send_weights())
     if case == "dies":  # rank 1 exits while the others send
         model = model_for(_config("llama"), 98)
-        engine = _engine(rank, world, url, port, model, timeout=20)
+        engine = _engine(rank, world, url, port, model, timeout=10)
         if rank == 1:
             os._exit(3)
         return outcome(lambda: engine.send_weights())
@@ -157,7 +158,7 @@ def _failing(rank: int, world: int, url: str, port: int, case: str) -> str:
     raise ValueError(case)
 
 
-def check_rounds(rounds: list, kind: str = "llama") -> None:
+def check_rounds(rounds: list, kind: str = "llama", workers: tuple[int, ...] = (2, 3)) -> None:
     """Each round agrees with transformers on its seed's weights, differs from the one before, and
     every engine worker received exactly the bytes of its own parameters."""
     from reshard_vllm.testing import check_greedy
@@ -176,7 +177,7 @@ def check_rounds(rounds: list, kind: str = "llama") -> None:
         assert check.ok, f"seed {seed}: {check}"
         assert len(tokens) == NEW_TOKENS and tokens != previous
         previous = tokens
-        assert sorted(received) == [2, 3]  # the engine's workers, after the trainer's ranks 0 and 1
+        assert sorted(received) == list(workers)  # the engine's workers, after the trainer's ranks 0, 1
         for rank, (got, expected) in received.items():
             assert got == expected > 0, f"engine rank {rank} received {got} bytes, holds {expected}"
 

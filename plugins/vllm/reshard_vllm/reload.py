@@ -69,6 +69,7 @@ class LayerwiseUpdate:
 
         try:
             for layer, info in self.layers:
+                _forget_cpu_moe_kernel(layer)
                 _layerwise_process(layer, info)
         finally:
             self._finalize()
@@ -87,6 +88,21 @@ class LayerwiseUpdate:
                 _place_kernel_tensors(layer, info)
                 info.reset()
             finalize_layerwise_reload(self.model, self.model_config)
+
+
+def _forget_cpu_moe_kernel(layer: torch.nn.Module) -> None:
+    """Make vLLM process a CPU MoE layer's new weights as it did at load time.
+
+    vLLM 0.32 prepacks CPU expert weights (``cpu_prepack_moe_weight``, padding the intermediate dim)
+    only when it builds the MoE kernel; a reload finds the kernel built, skips the prepack and copies
+    the checkpoint-layout weights over the prepacked ones, so the engine computes with garbage.
+    Without a kernel, processing builds a new one and prepacks, and the reload then copies the
+    prepacked weights into the layer's original storage.
+    """
+    quant = getattr(layer, "quant_method", None)
+    weight = getattr(layer, "w13_weight", None)
+    if getattr(quant, "moe_kernel", None) is not None and weight is not None and weight.device.type == "cpu":
+        quant.moe_kernel = None
 
 
 class InPlaceUpdate:
