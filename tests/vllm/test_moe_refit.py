@@ -6,22 +6,16 @@ checked against transformers on the same weights."""
 from __future__ import annotations
 
 import pytest
-from vllm_jobs import DTYPE, SEEDS, check_rounds, hf_fsdp_job, megatron_job
+from vllm_jobs import SEEDS, check_rounds, hf_fsdp_job, megatron_job, served
 
 from reshard_core.testing.world import run_world
 
 pytestmark = pytest.mark.slow
 
-T = pytest.importorskip("reshard_vllm.testing")
-
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    model_dir = T.write_model_dir(tmp_path_factory.mktemp("qwen3moe"), T.tiny_qwen3_moe_config(dtype=DTYPE))
-    with T.VLLMServer(
-        model_dir, tp=2, weight_transfer_backend="reshard", startup_timeout=600, dtype=DTYPE
-    ) as server:
-        print(f"TP2 MoE server started in {server.startup_seconds:.1f} s")
+    with served(tmp_path_factory.mktemp("qwen3moe"), "qwen3_moe", tp=2) as server:
         yield server
 
 

@@ -3,7 +3,7 @@ vLLM's HTTP weight-sync client and backend "reshard".
 
 One server serves every test of this module (start-ups are expensive). After each update, the
 engine's greedy tokens and logprobs must agree with transformers on the same full weights
-(teacher-forced, within bf16 kernel tolerance) and differ from the previous round's; every worker
+(teacher-forced, float32, logprobs within 1e-3) and differ from the previous round's; every worker
 receives exactly the bytes of its own parameters. Bad updates fail on both sides and leave the
 previous weights serving, which is checked by generation.
 """
@@ -22,6 +22,7 @@ from vllm_jobs import (
     hf_fsdp_job,
     megatron_job,
     model_for,
+    served,
 )
 
 from reshard_core.testing.world import WorldError, free_port, run_world
@@ -33,11 +34,7 @@ T = pytest.importorskip("reshard_vllm.testing")
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    model_dir = T.write_model_dir(tmp_path_factory.mktemp("llama"), T.tiny_llama_config(dtype=DTYPE))
-    with T.VLLMServer(
-        model_dir, tp=2, weight_transfer_backend="reshard", startup_timeout=600, dtype=DTYPE
-    ) as server:
-        print(f"TP2 server started in {server.startup_seconds:.1f} s")
+    with served(tmp_path_factory.mktemp("llama"), "llama", tp=2) as server:
         yield server
 
 

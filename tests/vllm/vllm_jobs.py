@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -180,6 +182,20 @@ def check_rounds(rounds: list, kind: str = "llama", workers: tuple[int, ...] = (
         assert sorted(received) == list(workers)  # the engine's workers, after the trainer's ranks 0, 1
         for rank, (got, expected) in received.items():
             assert got == expected > 0, f"engine rank {rank} received {got} bytes, holds {expected}"
+
+
+@contextmanager
+def served(path: Any, kind: str, tp: int) -> Iterator[Any]:
+    """A running ``vllm serve`` of the tiny ``kind`` model (dummy weights, ``DTYPE``) at TP ``tp``
+    with backend "reshard"; stopped (every process of it) on exit."""
+    from reshard_vllm.testing import VLLMServer, write_model_dir
+
+    model_dir = write_model_dir(path, _config(kind))
+    with VLLMServer(
+        model_dir, tp=tp, weight_transfer_backend="reshard", startup_timeout=600, dtype=DTYPE
+    ) as server:
+        print(f"{kind} server at TP{tp} started in {server.startup_seconds:.1f} s")
+        yield server
 
 
 def _config(kind: str) -> Any:
