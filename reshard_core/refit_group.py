@@ -37,10 +37,6 @@ class RefitGroup:
     key: Hashable
     transfer: TransferGroup | None = None
 
-    def index(self, rank: int) -> int:
-        """``rank``'s rank within ``pg`` (what torch's ``group_dst``/``group_src`` take)."""
-        return rank if self.transfer is not None else self.ranks.index(rank)
-
     def own_ranks(self, ranks: Sequence[int]) -> tuple[int, ...]:
         """Of the refit ranks ``ranks``, those of this process's own job, in its own world's ranks."""
         if self.transfer is None:

@@ -23,11 +23,6 @@ _sequence: dict[object, int] = {}
 _GRACE = 2.0
 
 
-def group_ranks(group: Any) -> tuple[int, ...]:
-    """Refit ranks of ``group`` (None: the world) in group-rank order."""
-    return view_of(group).ranks
-
-
 def wait(work: Any, timeout: float | None, group: Any, what: str) -> None:
     """Wait for ``work`` (a collective over ``group``, started with ``async_op=True``); raise
     ``TransportError`` naming ``what`` and, when it can be told, the ranks that did not join."""

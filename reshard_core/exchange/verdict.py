@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ..errors import PlanError
 from ..plan.describe import format_ranks
-from .bounded import group_ranks
+from ..refit_group import view_of
 from .collective import all_gather_bytes
 
 _MAX_LISTED = 12
@@ -37,7 +37,7 @@ class Problems:
 def raise_if_any(problems: Problems, group=None, timeout: float | None = None) -> None:
     """Collective over ``group``: raise ``PlanError`` on every rank when any rank has a problem
     (``TransportError`` when a rank does not join within ``timeout`` seconds)."""
-    ranks = group_ranks(group)
+    ranks = view_of(group).ranks
     blobs, _, _ = all_gather_bytes(problems.encode(), group, timeout, "refit could not start")
     unmapped: dict[tuple[str, str], dict[str, list[int]]] = {}
     errors: dict[str, list[int]] = {}

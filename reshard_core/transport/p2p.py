@@ -148,8 +148,11 @@ class P2PCopyService(CopyService):
         self.members = frozenset(self.view.ranks)
         if self.view.transfer is not None:  # its process groups belong to the TransferGroup, not to us
             self.comm, self._owns_comm = self.view.transfer.process_group(self.backend), False
+            comm_ranks: Any = self.view.ranks  # the group's own ranks are its process group's ranks
         else:
             self.comm, self._owns_comm = self._resolve_group(group)
+            comm_ranks = dist.get_process_group_ranks(self.comm) if self.comm is not None else self.view.ranks
+        self._peer_index = {int(r): i for i, r in enumerate(comm_ranks)}
         self._queue: list[QueuedOp] = []
         self._closed = False
 
@@ -162,7 +165,7 @@ class P2PCopyService(CopyService):
 
     def peer_index(self, rank: int) -> int:
         """``rank``'s rank within ``self.comm`` (torch's ``group_dst`` / ``group_src``)."""
-        return self.view.index(rank)
+        return self._peer_index[rank]
 
     # -- submission -------------------------------------------------------------------------------
 

@@ -12,7 +12,6 @@ from reshard_nccl import plugin, streams
 from reshard_nccl.transport import NcclCopyService
 
 from reshard_core.errors import TransportError
-from reshard_core.refit_group import RefitGroup
 from reshard_core.transport.p2p import Issued, QueuedOp
 
 needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the reason given without CUDA")
@@ -132,7 +131,7 @@ def _service_without_cuda(monkeypatch, log: Log, requests_per_batch: str = "one 
     """An ``NcclCopyService`` wired to stand-ins for CUDA streams and NCCL (``__init__`` skipped)."""
     service = object.__new__(NcclCopyService)
     service.timeout, service.comm, service._side, service._closed = None, "comm", {}, False
-    service.view = RefitGroup(None, (0, 1, 2), 0, 3, "nccl", 0, (0, 1, 2))  # peers' group ranks = their ranks
+    service._peer_index = {0: 0, 1: 1, 2: 2}  # the communicator's ranks are the global ones
     streams_by_name = {}
 
     def stream_for(name):

@@ -17,9 +17,7 @@ def test_plugins_list_shows_reshard_vllm_available_without_importing_vllm() -> N
         "except SystemExit as exc:\n    assert exc.code in (0, None), exc.code\n"
         "print('vllm imported:', 'vllm' in sys.modules, file=sys.stderr)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
-    )
+    out = _python(code)
     records = {r["name"]: r for r in json.loads(out.stdout)}
     assert records["vllm"]["distribution"] == "reshard-vllm"
     assert (records["vllm"]["status"], records["vllm"]["reason"]) == ("available", None)
@@ -38,7 +36,12 @@ def test_importing_reshard_vllm_imports_no_vllm_until_a_vllm_class_is_used() -> 
         "from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory as F; "
         "print(ReshardTrainerInitInfo.backend, 'reshard' in F._registry)"
     )
-    out = subprocess.run(
+    out = _python(code)
+    assert out.stdout.split() == ["False", "reshard", "True"]
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    """``code`` run by a fresh interpreter (this one may have imported vLLM already)."""
+    return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
     )
-    assert out.stdout.split() == ["False", "reshard", "True"]

@@ -36,7 +36,7 @@ from reshard_core.formats.vllm import declare_vllm
 
 from .layout import engine_parallel
 from .reload import InPlaceUpdate, LayerwiseUpdate
-from .verdict import Verdict, agree
+from .verdict import Verdict, agree, failed, ok
 
 logger = logging.getLogger("reshard_vllm")
 
@@ -80,6 +80,7 @@ class ReshardWeightTransferEngine(WeightTransferEngine[ReshardInitInfo, ReshardU
         """The version of the last update every worker committed (None before the first)."""
         self._pending: str | None = None
         self.last: Verdict | None = None
+        self._held: int | None = None
 
     def init_transfer_engine(self, init_info: ReshardInitInfo) -> None:
         parallel = self.vllm_config.parallel_config
@@ -119,7 +120,7 @@ class ReshardWeightTransferEngine(WeightTransferEngine[ReshardInitInfo, ReshardU
             )
             return
         start = time.perf_counter()
-        mine = Verdict.ok()
+        mine = ok()
         update: LayerwiseUpdate | InPlaceUpdate | None = None
         try:
             update = self._update()
@@ -128,9 +129,11 @@ class ReshardWeightTransferEngine(WeightTransferEngine[ReshardInitInfo, ReshardU
             report = reshard_core.refit(
                 None, self.model, group=self.group, transport=self.info.transport, timeout=self.info.timeout
             )
-            mine = Verdict.ok(received=report.bytes_received, expected=_held_bytes(self.model))
+            if not report.reused_plan or self._held is None:  # the held bytes change with the plan only
+                self._held = _held_bytes(self.model)
+            mine = ok(report.bytes_received, self._held)
         except Exception as exc:  # every worker must fail alike: the error goes to the verdict
-            mine = Verdict.failed(self.group.rank, exc)
+            mine = failed(exc)
         try:
             self.last = agree(self.group, mine, what="vLLM weight update")
         except BaseException:

@@ -53,15 +53,8 @@ class LayerwiseUpdate:
                 continue
             materialize_layer(layer, info)
             for name, param in layer.named_parameters(recurse=False):
-                param.data = self._buffer(f"{prefix}.{name}" if prefix else name, param)
+                param.data = _receive_buffer(self.buffers, f"{prefix}.{name}" if prefix else name, param)
             self.layers.append((layer, info))
-
-    def _buffer(self, name: str, param: torch.Tensor) -> torch.Tensor:
-        """The receive buffer of ``name`` (reused while its shape and dtype stay the same)."""
-        buf = self.buffers.get(name)
-        if buf is None or buf.shape != param.shape or buf.dtype != param.dtype:
-            buf = self.buffers[name] = torch.empty(param.shape, dtype=param.dtype, device=param.device)
-        return buf
 
     def commit(self) -> None:
         """Process every written layer into the model's live tensors, then finalize."""
@@ -88,6 +81,15 @@ class LayerwiseUpdate:
                 _place_kernel_tensors(layer, info)
                 info.reset()
             finalize_layerwise_reload(self.model, self.model_config)
+
+
+def _receive_buffer(buffers: dict[str, torch.Tensor], name: str, like: torch.Tensor) -> torch.Tensor:
+    """The receive buffer of parameter ``name``, kept in ``buffers`` across updates (same storage
+    every time, so a refit's prepared plan is reused) while its shape, dtype and device stay."""
+    buf = buffers.get(name)
+    if buf is None or (buf.shape, buf.dtype, buf.device) != (like.shape, like.dtype, like.device):
+        buf = buffers[name] = torch.empty(like.shape, dtype=like.dtype, device=like.device)
+    return buf
 
 
 def _forget_cpu_moe_kernel(layer: torch.nn.Module) -> None:
@@ -139,11 +141,8 @@ class InPlaceUpdate:
 
     def open(self) -> None:
         for name, param in self.model.named_parameters():
-            buf = self.buffers.get(name)
-            if buf is None or buf.shape != param.shape or buf.dtype != param.dtype:
-                buf = self.buffers[name] = torch.empty_like(param.data)
             self.live.append((param, param.data))
-            param.data = buf
+            param.data = _receive_buffer(self.buffers, name, param)
 
     @torch.no_grad()
     def commit(self) -> None:

@@ -27,7 +27,7 @@ from vllm.distributed.weight_transfer.base import TrainerInitInfo, TrainerWeight
 import reshard_core
 from reshard_core.errors import ReshardError
 
-from .verdict import Verdict, agree
+from .verdict import Verdict, agree, failed, ok
 
 
 @dataclass
@@ -97,12 +97,12 @@ class ReshardTrainerWeightTransferEngine(TrainerWeightTransferEngine[ReshardTrai
         control = self.client.update_weights if self.is_sender else None
         # a failing worker answers after its refit timed out and its verdict round did: wait that long
         with _Background(control, {"version": version}, 2 * self.info.timeout + 10) as call:
-            mine = Verdict.ok()
+            mine = ok()
             try:
                 reshard_core.refit(self.model, None, group=self.group, transport=self.info.transport,
                                    timeout=self.info.timeout)  # fmt: skip
             except Exception as exc:
-                mine = Verdict.failed(self.group.rank, exc)
+                mine = failed(exc)
             self.last = agree(self.group, mine, what="vLLM weight update")
         if self.last.failures:
             if (

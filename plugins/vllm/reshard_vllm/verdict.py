@@ -15,7 +15,7 @@ from reshard_core import TransferGroup
 
 @dataclass
 class Verdict:
-    """This rank's outcome, or (from ``agree``) every rank's."""
+    """Every rank's outcome of one update (what ``agree`` returns)."""
 
     failures: dict[int, str] = field(default_factory=dict)
     """Rank -> its error text."""
@@ -23,35 +23,29 @@ class Verdict:
     """Engine rank -> (bytes it received, bytes of the parameters it holds)."""
     seconds: float = 0.0
 
-    @classmethod
-    def ok(cls, received: int = -1, expected: int = -1) -> Verdict:
-        return cls(received={-1: (received, expected)} if received >= 0 else {})
-
-    @classmethod
-    def failed(cls, rank: int, exc: BaseException) -> Verdict:
-        text = str(exc).strip().replace("\n", " ") or type(exc).__name__
-        return cls(failures={rank: f"{type(exc).__name__}: {text}"})
-
-    def encode(self) -> str:
-        if self.failures:
-            return "error " + next(iter(self.failures.values()))
-        if self.received:
-            got, expected = self.received[-1]
-            return f"ok {got} {expected}"
-        return "ok"
-
     def message(self) -> str:
         """One line naming every failed rank and its error."""
         parts = [f"rank {r}: {text}" for r, text in sorted(self.failures.items())]
         return "weight update failed, previous weights kept on every worker: " + "; ".join(parts)
 
 
-def agree(group: TransferGroup, mine: Verdict, *, what: str) -> Verdict:
+def ok(received: int | None = None, expected: int | None = None) -> str:
+    """This rank's line for a part that went well (an engine worker says what it received)."""
+    return "ok" if received is None else f"ok {received} {expected}"
+
+
+def failed(exc: BaseException) -> str:
+    """This rank's line for a part that failed with ``exc``."""
+    text = str(exc).strip().replace("\n", " ") or type(exc).__name__
+    return f"error {type(exc).__name__}: {text}"
+
+
+def agree(group: TransferGroup, mine: str, *, what: str) -> Verdict:
     """Every rank's outcome (collective over ``group``); a rank that did not report within the group's
     timeout counts as failed. Raises ``TransportError`` only when the group's store is gone."""
     out = Verdict()
     absent = f"error did not report within {group.timeout:g} s (failed, exited or stalled)"
-    for rank, line in enumerate(group.gather_text(mine.encode(), what=what, missing=absent)):
+    for rank, line in enumerate(group.gather_text(mine, what=what, missing=absent)):
         word, _, rest = line.partition(" ")
         if word == "error":
             out.failures[rank] = rest
