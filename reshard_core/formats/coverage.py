@@ -9,7 +9,8 @@ O(views), no per-element work. A count below the parameter's size means at least
 elements are never written; above it, at least that many are written twice.
 
 Parameters no view touches are the format's to report as ``unmapped``; specs whose data a transform
-handles (``source`` set, or no local tensor) are not counted.
+handles (``source`` set, or no local tensor) are not counted. Parameters are told apart by storage,
+not name: virtual-pipeline chunks each have a ``decoder.layers.0`` of their own.
 """
 
 from __future__ import annotations
@@ -32,12 +33,14 @@ def coverage_problems(
 ) -> list[str]:
     """Error lines (empty when fine) for destination ``specs`` and ``padding`` of ``model`` by ``fmt``."""
     params: dict[int, list[tuple[int, int, str, int]]] = {}
-    for root in _roots(model):
+    roots = _roots(model)
+    for chunk, root in enumerate(roots):
         for name, tensor, _ in iter_tensors(root):
             local = getattr(tensor, "_local_tensor", tensor)
             span = _span(local)
+            label = f"{name} (chunk {chunk})" if len(roots) > 1 else name
             if span is not None:
-                params.setdefault(span[0], []).append((span[1], span[2], name, local.numel()))
+                params.setdefault(span[0], []).append((span[1], span[2], label, local.numel()))
     counts: dict[str, int] = {}
     sizes: dict[str, int] = {}
     stray: list[str] = []

@@ -14,9 +14,13 @@ Megatron (``decoder.layers.L.`` → ``model.layers.L.``)   logical
 ``input_layernorm.weight``,                             ``input_layernorm.weight``
 ``self_attention.linear_qkv.layer_norm_weight``
 ``self_attention.linear_qkv.{weight,bias}``             ``self_attn.{q,k,v}_proj.*`` (group-major
-                                                        blocks of ``(p+2)·h`` rows: regroup)
+                                                        blocks of ``(p+2)·h`` rows: regroup; TP >
+                                                        groups: a rank holds part of one block;
+                                                        ``rotary_interleaved``: q/k rows of each head
+                                                        regrouped from pairs into halves)
 ``self_attention.linear_proj.{weight,bias}``            ``self_attn.o_proj.*``
-``self_attention.{q,k}_layernorm.weight``               ``self_attn.{q,k}_norm.weight``
+``self_attention.{q,k}_layernorm.weight``               ``self_attn.{q,k}_norm.weight`` (regrouped
+                                                        like q/k with ``rotary_interleaved``)
 ``pre_mlp_layernorm.weight``,                           ``post_attention_layernorm.weight``
 ``mlp.linear_fc1.layer_norm_weight``
 ``mlp.linear_fc1.{weight,bias}`` (gated)                ``mlp.{gate,up}_proj.*`` (stride-2 split);
@@ -26,15 +30,20 @@ Megatron (``decoder.layers.L.`` → ``model.layers.L.``)   logical
                                                         ``mlp.gate.e_score_correction_bias``
 ``mlp.experts.local_experts.{e}.linear_fc{1,2}.*``,     ``mlp.experts.{e}.{gate,up,down}_proj.*``
 ``mlp.experts.linear_fc{1,2}.{weight,bias}{e}``
-``mlp.shared_experts.linear_fc{1,2}.*``                 ``mlp.shared_experts.{gate,up,down}_proj.*``
+``mlp.shared_experts.linear_fc{1,2}.*``                 ``mlp.shared_experts.{gate,up,down}_proj.*``;
+                                                        gated (Qwen2-MoE): ``mlp.shared_expert.*``
+``mlp.shared_experts.gate_weight``                      ``mlp.shared_expert_gate.weight``
 ``mtp.layers.{k}.{enorm,hnorm,eh_proj}.weight``         ``model.layers.{N+k}.{enorm,hnorm,eh_proj}.weight``
 ``mtp.layers.{k}.final_layernorm.weight``               ``model.layers.{N+k}.shared_head.norm.weight``
 ``mtp.layers.{k}.transformer_layer.*``                  ``model.layers.{N+k}.*`` (as a decoder layer)
 ======================================================  =============================================
 
-``N`` is ``num_layers`` (DeepSeek-V3's multi-token-prediction naming). Anything else (learned
-position embeddings, LayerNorm biases, multi-latent attention, a shared-expert gate) is returned as
-unmapped, which a refit reports as one error listing every name.
+``N`` is ``num_layers`` (DeepSeek-V3's multi-token-prediction naming). Settings with no mapping
+(multi-latent attention, LayerNorm, learned position embeddings, an attention output gate, learned
+softmax offsets, zero-centered norm weights unless ``norms_as_stored``) are refused by name before
+any data moves; docs/formats-audit.md lists every setting that changes weights and what is done
+with it. A parameter the table does not name is returned as unmapped, which a refit reports as
+one error listing every name.
 
 The vocab: Megatron pads it (``make_vocab_size_divisible_by · TP``) and the model only knows the
 padded size. ``MegatronFormat(vocab_size=V)`` names the real one: rows ≥ V are padding, never sent,
@@ -56,7 +65,7 @@ from ..errors import FormatError
 from ..extract import ExtractContext
 from ..specs import TensorSpec
 from .base import ModelFormat
-from .pieces import regroup, rename, split, unpad
+from .pieces import halves, regroup, rename, split, unpad
 
 Mapped = TensorSpec | tuple[TensorSpec, torch.Tensor | None]
 """A logical spec, or a ``(spec, local padding)`` pair from ``unpad``."""
@@ -69,6 +78,7 @@ _FFN = re.compile(
 )
 _GROUPED = re.compile(r"^mlp\.experts\.linear_fc(?P<fc>[12])\.(?P<kind>weight|bias)(?P<e>\d+)$")
 _QKV = ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias")
+_QK_NORMS = ("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")
 
 _LAYER_RENAMES = {
     "input_layernorm.weight": "input_layernorm.weight",
@@ -92,12 +102,44 @@ _MTP_INNER = ("transformer_layer.", "mtp_model_layer.")
 _WRAPPERS = ("DistributedDataParallel", "Float16Module", "FP8Module", "FP4Module")
 
 
+_REFUSED: tuple[tuple[str, object, str], ...] = (
+    (
+        "attention_output_gate",
+        True,
+        "linear_qkv puts each query group's gates after its query heads, where HF's q_proj "
+        "interleaves them per head",
+    ),
+    (
+        "multi_latent_attention",
+        True,
+        "its low-rank q/kv projections (linear_q_down_proj, ...) are not mapped",
+    ),
+    ("normalization", "LayerNorm", "the HF families mapped here use RMSNorm, which has no biases"),
+    ("softmax_type", "learnable", "its learned per-head softmax offsets are not mapped"),
+    (
+        "layernorm_zero_centered_gamma",
+        True,
+        "its norm weights are stored as w - 1; when the other side stores them so too (Gemma, "
+        "Qwen3-Next) pass MegatronFormat(norms_as_stored=True)",
+    ),
+)
+"""``(TransformerConfig field, value, why)``: settings with no mapping, refused by name. The audit
+of every field is in docs/formats-audit.md."""
+
+
+def refused(field: str, value: object, why: str) -> FormatError:
+    """The error for a setting format 'megatron' does not map."""
+    return FormatError(f"{field}={value!r} is not supported by format 'megatron': {why}")
+
+
 @dataclass(frozen=True)
 class MegatronConfig:
     """What the mapping needs to know of a Megatron model.
 
     ``vocab_size``: the real (unpadded) vocab, or None to take the model's as real.
     ``num_layers``: decoder layers (names multi-token-prediction layers ``N + k``; None: MTP unmapped).
+    ``rotary_interleaved``: q/k rows hold each head's rotary pairs side by side (regrouped into HF's
+    halves). ``shared_expert_gate``: shared experts are gated, as in Qwen2-MoE (named like it).
     """
 
     num_attention_heads: int
@@ -107,21 +149,30 @@ class MegatronConfig:
     share_embeddings_and_output_weights: bool = False
     num_layers: int | None = None
     vocab_size: int | None = None
+    rotary_interleaved: bool = False
+    shared_expert_gate: bool = False
 
     @classmethod
-    def of(cls, config: Any, *, vocab_size: int | None = None, tied: bool | None = None) -> MegatronConfig:
+    def of(
+        cls,
+        config: Any,
+        *,
+        vocab_size: int | None = None,
+        tied: bool | None = None,
+        norms_as_stored: bool = False,
+    ) -> MegatronConfig:
         """From a ``TransformerConfig`` (or anything with its field names, or a ``MegatronConfig``);
-        ``vocab_size`` and ``tied`` override. ``FormatError`` for an attention output gate (not
-        mapped) or inconsistent heads. Norm weights move as stored: with
-        ``layernorm_zero_centered_gamma`` the other side must store ``w − 1`` too (Gemma, Qwen3-Next)."""
+        ``vocab_size`` and ``tied`` override. ``FormatError`` naming the field for a setting that is
+        not mapped (``_REFUSED``; ``norms_as_stored`` accepts zero-centered norm weights, moved as
+        stored) or for inconsistent heads."""
         if isinstance(config, MegatronConfig):
             base = config
         else:
-            if getattr(config, "attention_output_gate", False):
-                raise FormatError(
-                    "format 'megatron': attention_output_gate=True puts each query group's gates after its "
-                    "query heads, where HF's q_proj interleaves them per head; not mapped"
-                )
+            for field, value, why in _REFUSED:
+                if getattr(config, field, None) == value and not (
+                    norms_as_stored and field == "layernorm_zero_centered_gamma"
+                ):
+                    raise refused(field, value, why)
             heads = int(config.num_attention_heads)
             kv = getattr(config, "kv_channels", None) or int(config.hidden_size) // heads
             layers = getattr(config, "num_layers", None)
@@ -134,6 +185,8 @@ class MegatronConfig:
                     getattr(config, "share_embeddings_and_output_weights", False)
                 ),
                 num_layers=int(layers) if layers is not None else None,
+                rotary_interleaved=bool(getattr(config, "rotary_interleaved", False)),
+                shared_expert_gate=bool(getattr(config, "moe_shared_expert_gate", False)),
             )
         if vocab_size is not None:
             base = replace(base, vocab_size=int(vocab_size))
@@ -195,16 +248,23 @@ def _layer(
     spec: TensorSpec, prefix: str, rest: str, config: MegatronConfig, rank: int
 ) -> list[Mapped] | None:
     if rest in _LAYER_RENAMES:
-        return [rename(spec, prefix + _LAYER_RENAMES[rest])]
+        name = prefix + _LAYER_RENAMES[rest]
+        if config.rotary_interleaved and rest in _QK_NORMS:  # normalises the head dim rope then rotates
+            return [halves(spec, 0, config.kv_channels, name)]
+        return [rename(spec, name)]
     if rest in _QKV:
         return _qkv(spec, prefix, rest.rsplit(".", 1)[1], config, rank)
+    if rest == "mlp.shared_experts.gate_weight" and config.shared_expert_gate:
+        return [rename(spec, f"{prefix}mlp.shared_expert_gate.weight")]
     found = _FFN.match(rest) or _GROUPED.match(rest)
     if found is None:
         return None
     if found["e"] is not None:
         where = f"mlp.experts.{int(found['e'])}."
+    elif found.groupdict().get("where"):  # Qwen2-MoE gates its one shared expert; DeepSeek-V3 does not
+        where = "mlp.shared_expert." if config.shared_expert_gate else "mlp.shared_experts."
     else:
-        where = "mlp.shared_experts." if found.groupdict().get("where") else "mlp."
+        where = "mlp."
     kind = found["kind"]
     if found["fc"] == "2":
         return [rename(spec, f"{prefix}{where}down_proj.{kind}")]
@@ -216,7 +276,8 @@ def _layer(
 
 
 def _qkv(spec: TensorSpec, prefix: str, kind: str, config: MegatronConfig, rank: int) -> list[Mapped]:
-    """Group-major ``[q heads of group g; k_g; v_g]`` blocks → q/k/v_proj (formats.md)."""
+    """Group-major ``[q heads of group g; k_g; v_g]`` blocks → q/k/v_proj (formats.md); with
+    ``rotary_interleaved`` each q/k head's rows are regrouped from pairs into halves."""
     nh, ng, h = config.num_attention_heads, config.num_query_groups, config.kv_channels
     p, block = nh // ng, config.qkv_block
     if spec.meta.shape[0] != ng * block:
@@ -224,10 +285,11 @@ def _qkv(spec: TensorSpec, prefix: str, kind: str, config: MegatronConfig, rank:
             f"{spec.meta.name} has {spec.meta.shape[0]} rows; num_query_groups·(heads/groups + 2)"
             f"·kv_channels = {ng}·{p + 2}·{h} = {ng * block}"
         )
-    pieces = (("q_proj", 0, p * h), ("k_proj", p * h, h), ("v_proj", (p + 1) * h, h))
+    pairs = h if config.rotary_interleaved else 0
+    pieces = (("q_proj", 0, p * h, pairs), ("k_proj", p * h, h, pairs), ("v_proj", (p + 1) * h, h, 0))
     return [
-        regroup(spec, 0, block, start, size, f"{prefix}self_attn.{x}.{kind}", rank)
-        for x, start, size in pieces
+        regroup(spec, 0, block, start, size, f"{prefix}self_attn.{x}.{kind}", rank, pairs_of=rotary)
+        for x, start, size, rotary in pieces
     ]
 
 
@@ -236,7 +298,8 @@ class MegatronFormat(ModelFormat):
 
     ``vocab_size``: the real vocab when the model's is padded. ``config``: a ``TransformerConfig``
     (or a ``MegatronConfig``, or an object with the same field names) used instead of the model's,
-    and needed by ``map_offline``.
+    and needed by ``map_offline``. ``norms_as_stored``: accept ``layernorm_zero_centered_gamma``
+    and move its ``w - 1`` norm weights as they are (for a side that stores them so too).
     """
 
     name = "megatron"
@@ -244,9 +307,12 @@ class MegatronFormat(ModelFormat):
         "Megatron-Core GPTModel (group-major linear_qkv, stride-2 fc1, padded vocab, per-expert names)"
     )
 
-    def __init__(self, vocab_size: int | None = None, config: Any = None) -> None:
+    def __init__(
+        self, vocab_size: int | None = None, config: Any = None, norms_as_stored: bool = False
+    ) -> None:
         self.vocab_size = vocab_size
         self.config = config
+        self.norms_as_stored = norms_as_stored
 
     def detect(self, model: Any) -> bool:
         if any(
@@ -266,13 +332,20 @@ class MegatronFormat(ModelFormat):
         tied = getattr(root, "share_embeddings_and_output_weights", None)
         if self.config is not None:
             given_tied = getattr(self.config, "share_embeddings_and_output_weights", None)
-            return MegatronConfig.of(
-                self.config, vocab_size=self.vocab_size, tied=tied if given_tied is None else None
+            config = MegatronConfig.of(
+                self.config,
+                vocab_size=self.vocab_size,
+                tied=tied if given_tied is None else None,
+                norms_as_stored=self.norms_as_stored,
             )
-        config = getattr(root, "config", None)
-        if config is None:
+        elif getattr(root, "config", None) is None:
             raise FormatError(f"format 'megatron': {type(root).__name__} has no config; pass config=")
-        return MegatronConfig.of(config, vocab_size=self.vocab_size, tied=tied)
+        else:
+            config = MegatronConfig.of(
+                root.config, vocab_size=self.vocab_size, tied=tied, norms_as_stored=self.norms_as_stored
+            )
+        _check_model(root, config)
+        return config
 
     def map_spec(self, spec: TensorSpec, model: Any, context: ExtractContext) -> list[Mapped] | None:
         config = context.cached(("megatron-format", id(self), id(model)), lambda: self.config_of(model))
@@ -282,15 +355,33 @@ class MegatronFormat(ModelFormat):
         """The logical specs of one physical spec by the given ``config`` (no model, no padding views)."""
         if self.config is None:
             raise FormatError("format 'megatron': offline mapping needs config=")
-        mapped = megatron_logical_specs(
-            spec, MegatronConfig.of(self.config, vocab_size=self.vocab_size), rank
+        config = MegatronConfig.of(
+            self.config, vocab_size=self.vocab_size, norms_as_stored=self.norms_as_stored
         )
+        mapped = megatron_logical_specs(spec, config, rank)
         if mapped is None:
             return None
         return [item if isinstance(item, TensorSpec) else item[0] for item in mapped]
 
     def __repr__(self) -> str:
         return f"<format megatron vocab_size={self.vocab_size}>" if self.vocab_size else "<format megatron>"
+
+
+def _check_model(root: Any, config: MegatronConfig) -> None:
+    """Refuse, by name, ``GPTModel`` arguments that change weights the mapping has no rule for."""
+    if getattr(root, "position_embedding_type", "rope") == "learned_absolute":
+        raise refused(
+            "position_embedding_type",
+            "learned_absolute",
+            "its learned position embeddings (embedding.position_embeddings.weight) are not mapped",
+        )
+    percent = getattr(root, "rotary_percent", 1.0)
+    if config.rotary_interleaved and percent != 1.0:
+        raise refused(
+            "rotary_interleaved",
+            True,
+            f"with rotary_percent={percent} only part of each head rotates; only whole heads are regrouped",
+        )
 
 
 def _root(model: Any) -> Any:

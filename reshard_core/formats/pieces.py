@@ -13,7 +13,9 @@ tensors it holds: the logical layout derived from the physical one, and the loca
   no spec.
 - ``regroup``: a dim made of blocks, of which each logical tensor takes the same stretch
   (Megatron's group-major ``linear_qkv``); the local tensor is a ``SplitView`` when a rank holds
-  several blocks.
+  several blocks. A rank may instead hold part of one block (TP > query groups), and each stretch
+  may be heads of interleaved rotary pairs (``rotary_interleaved``), seen split into halves.
+- ``halves``: the same rotary-pair regrouping of an unsharded dim (a q/k norm weight).
 - ``unpad``: a padded dim whose first ``size`` indices are real (a vocab padded for TP); returns
   the local padding too, which a destination zero-fills once and a source never sends.
 
@@ -130,12 +132,26 @@ def select(spec: TensorSpec, dim: int, index: int, name: str, rank: int) -> Tens
 
 
 def regroup(
-    spec: TensorSpec, dim: int, block: int, start: int, size: int, name: str, rank: int
+    spec: TensorSpec,
+    dim: int,
+    block: int,
+    start: int,
+    size: int,
+    name: str,
+    rank: int,
+    *,
+    pairs_of: int = 0,
 ) -> TensorSpec:
-    """Dim ``dim`` is whole blocks of ``block`` indices; keep ``[start, start + size)`` of each.
+    """Dim ``dim`` is blocks of ``block`` indices; keep ``[start, start + size)`` of each.
 
-    Every rank must hold whole blocks (Megatron's TP keeps query groups whole), so the logical
-    tensor is sharded like the physical one with each block shrunk to ``size``.
+    When every rank holds whole blocks (Megatron's TP ≤ query groups) the logical tensor is sharded
+    like the physical one with each block shrunk to ``size``. When each rank holds part of one block
+    (TP > query groups: Megatron splits the fused rows evenly) each rank keeps what of the stretch
+    it holds, an uneven ``Shard(dim, sizes=…)`` in which some ranks hold nothing.
+
+    ``pairs_of=h``: the stretch is heads of ``h`` indices stored as adjacent rotary pairs
+    (Megatron's ``rotary_interleaved``); logically each head is its pairs' first elements, then
+    their second ones (HF's ``rotate_half``). The local tensor is then a permuted view.
     """
     shape = tuple(spec.meta.shape)
     if shape[dim] % block or not 0 <= start <= start + size <= block:
@@ -143,20 +159,101 @@ def regroup(
             f"{spec.meta.name}: dim {dim} of size {shape[dim]} is not blocks of {block} "
             f"holding [{start}, {start + size})"
         )
+    if pairs_of and (size % pairs_of or pairs_of % 2):
+        raise FormatError(f"{spec.meta.name}: {size} indices are not whole heads of {pairs_of} rotary pairs")
     logical_shape = shape[:dim] + (shape[dim] // block * size,) + shape[dim + 1 :]
-    layout = _scaled_layout(spec, dim, block, size)
-    _check_blocks(spec, layout, dim, block, size, logical_shape)
     meta = TensorMeta(name, logical_shape, spec.meta.dtype)
-    if spec.tensor is None:
+    if _whole_blocks(spec, dim, block):
+        layout = _scaled_layout(spec, dim, block, size)
+        _check_blocks(spec, layout, dim, block, size, logical_shape)
+        if spec.tensor is None:
+            return TensorSpec(meta, layout, None)
+        local = _local(spec, name)
+        blocks = local.shape[dim] // block
+        base = local.unflatten(dim, (blocks, block)).narrow(dim + 1, start, size)
+        if pairs_of:
+            return TensorSpec(meta, layout, _halves(base, dim + 1, pairs_of, lead=1))
+        if blocks <= 1 or size == block:
+            return TensorSpec(meta, layout, base.flatten(dim, dim + 1))
+        groups = [(n,) for n in local.shape]
+        groups[dim] = (blocks, size)
+        return TensorSpec(meta, layout, SplitView(base, groups))
+    layout, kept = _partial_blocks(spec, dim, block, start, size, rank, pairs_of)
+    if spec.tensor is None or kept is None:
         return TensorSpec(meta, layout, None)
-    local = _local(spec, name)
-    blocks = local.shape[dim] // block
-    base = local.unflatten(dim, (blocks, block)).narrow(dim + 1, start, size)
-    if blocks <= 1 or size == block:
-        return TensorSpec(meta, layout, base.flatten(dim, dim + 1))
-    groups = [(n,) for n in local.shape]
-    groups[dim] = (blocks, size)
-    return TensorSpec(meta, layout, SplitView(base, groups))
+    local = _local(spec, name).narrow(dim, *kept)
+    return TensorSpec(meta, layout, _halves(local, dim, pairs_of) if pairs_of and kept[1] else local)
+
+
+def halves(spec: TensorSpec, dim: int, head: int, name: str) -> TensorSpec:
+    """``spec`` whose dim ``dim`` is heads of ``head`` indices stored as adjacent rotary pairs,
+    seen with each head's pairs split into halves (see ``regroup``); ``dim`` must not be sharded."""
+    if _cutting(spec.layout, dim) or spec.meta.shape[dim] % head or head % 2:
+        raise FormatError(f"{spec.meta.name}: dim {dim} is not whole, unsharded heads of {head} rotary pairs")
+    meta = TensorMeta(name, tuple(spec.meta.shape), spec.meta.dtype)
+    tensor = _halves(_local(spec, name), dim, head) if spec.tensor is not None else None
+    return TensorSpec(meta, spec.layout, tensor)
+
+
+def _halves(t: torch.Tensor, dim: int, head: int, lead: int = 0) -> SplitView:
+    """``t`` whose dim ``dim`` is whole heads of ``head`` pairs-adjacent indices, as the view whose
+    logical dim (base dims ``dim - lead … dim``) lists per head the pairs' first elements, then their
+    second ones."""
+    heads = t.shape[dim] // head
+    base = t.unflatten(dim, (heads, head // 2, 2)).transpose(dim + 1, dim + 2)
+    groups = [(n,) for n in t.shape[: dim - lead]]
+    groups.append((*t.shape[dim - lead : dim], heads, 2, head // 2))
+    groups += [(n,) for n in t.shape[dim + 1 :]]
+    return SplitView(base, groups)
+
+
+def _whole_blocks(spec: TensorSpec, dim: int, block: int) -> bool:
+    return all(
+        not (a % block or b % block)
+        for coord in _cutting_coords(spec.layout, dim)
+        for a, b in spec.layout.dim_intervals_at(tuple(spec.meta.shape), coord)[dim]
+    )
+
+
+def _partial_blocks(
+    spec: TensorSpec, dim: int, block: int, start: int, size: int, rank: int, pairs_of: int
+) -> tuple[Layout, tuple[int, int] | None]:
+    """The logical layout when each rank holds one stretch of one block, and ``(local start, rows)``
+    of this rank's part of the kept stretch (None when ``rank`` is outside the layout)."""
+    cutting = _cutting(spec.layout, dim)
+    if len(cutting) != 1 or cutting[0][1].stride != 1 or cutting[0][1].components:
+        raise FormatError(f"{spec.meta.name}: blocks of {block} cannot be taken out of {spec.layout}")
+    m, _ = cutting[0]
+    sizes, mine = [], None
+    coord_of_rank = spec.layout.mesh.coord_of(rank)
+    for coord in _cutting_coords(spec.layout, dim):
+        held = [
+            iv for iv in spec.layout.dim_intervals_at(tuple(spec.meta.shape), coord)[dim] if iv[1] > iv[0]
+        ]
+        a, b = held[0] if len(held) == 1 else (0, 0)
+        if len(held) > 1 or (b > a and a // block != (b - 1) // block):
+            raise FormatError(
+                f"{spec.meta.name}: rank {spec.layout.mesh.rank_at(coord)} holds {held} along dim {dim}: "
+                f"neither whole blocks of {block} nor part of one"
+            )
+        first = a // block * block + start
+        lo, hi = max(a, first), min(b, first + size)
+        lo, hi = (lo, hi) if hi > lo else (a, a)
+        if pairs_of and ((lo - first) % pairs_of or (hi - lo) % pairs_of):
+            raise FormatError(
+                f"{spec.meta.name}: rank {spec.layout.mesh.rank_at(coord)} holds part of a head, whose "
+                f"rotary pairs (rotary_interleaved) cannot be regrouped on that rank alone"
+            )
+        expected_start = sum(sizes)
+        if hi > lo and a // block * size + lo - first != expected_start:
+            raise FormatError(f"{spec.meta.name}: blocks of {block} cannot be re-sharded as {spec.layout}")
+        sizes.append(hi - lo)
+        if coord_of_rank is not None and coord[m] == coord_of_rank[m]:
+            mine = (lo - a, hi - lo)
+    placements = tuple(
+        Shard(dim, sizes=tuple(sizes)) if i == m else p for i, p in enumerate(spec.layout.placements)
+    )
+    return Layout(spec.layout.mesh, placements), mine
 
 
 def _scaled_layout(spec: TensorSpec, dim: int, block: int, size: int) -> Layout:

@@ -5,7 +5,8 @@ raises one ``PlanError`` naming the tensor, the ranks and the region of the firs
 canonical order; one-sided names are all listed at once):
 
 1. names on one side only (either side; every such name is listed, with a count);
-2. source and destination disagree on global shape or dtype;
+2. source and destination disagree on global shape, or on dtype alone (every such tensor listed,
+   with the hint to pass ``cast=True``);
 3. a layout whose mesh/placements do not fit the shape;
 4. a rank inside two layouts of one side (on the destination: an element written twice);
 5. a layout whose shards overlap along a dim (double coverage), or source layouts that leave
@@ -92,8 +93,8 @@ def _check(table: LayoutTable, cast: bool = False) -> None:
     index = context_for(table).index
     checked: set[int] = set()  # LayoutDims already checked for overlaps (shared by many tensors)
     _check_one_sided(table.entries)
+    _check_metas(table.entries, cast)
     for e in table.entries:
-        _check_meta(e, cast)
         src = [_layout_dims(index, e, "src", lay) for lay in e.src]
         dst = [_layout_dims(index, e, "dst", lay) for lay in e.dst]
         for side, dims in (("src", src), ("dst", dst)):
@@ -147,13 +148,44 @@ def _listed(entries: Sequence[TableEntry], side: str) -> str:
     return f"{len(entries)} tensors on the {word} only{where}, no {other} holds them: {names}"
 
 
-def _check_meta(e: TableEntry, cast: bool) -> None:
-    if e.src_meta is not None and not (cast and tuple(e.src_meta.shape) == tuple(e.meta.shape)):
-        tie = f" (tied to {e.src_name})" if e.src_name else ""
-        raise PlanError(
-            f"{e.name}: source{tie} {format_meta(e.src_meta)} on ranks {format_ranks(_ranks(e.src))} but "
-            f"destination {format_meta(e.meta)} on ranks {format_ranks(_ranks(e.dst))}"
-        )
+def _check_metas(entries: Sequence[TableEntry], cast: bool) -> None:
+    """The first tensor whose source and destination shapes differ is a ``PlanError`` of its own;
+    else, without ``cast``, one ``PlanError`` lists every tensor that differs in dtype alone."""
+    for e in entries:
+        if e.src_meta is not None and tuple(e.src_meta.shape) != tuple(e.meta.shape):
+            tie = f" (tied to {e.src_name})" if e.src_name else ""
+            raise PlanError(
+                f"{e.name}: source{tie} {format_meta(e.src_meta)} on ranks {format_ranks(_ranks(e.src))} "
+                f"but destination {format_meta(e.meta)} on ranks {format_ranks(_ranks(e.dst))}"
+            )
+    if cast:
+        return
+    by_pair: dict[tuple[str, str], list[TableEntry]] = {}
+    for e in entries:
+        if e.src_meta is not None:
+            pair = (_dtype(e.src_meta.dtype), _dtype(e.meta.dtype))
+            by_pair.setdefault(pair, []).append(e)
+    parts = []
+    for (src, dst), group in by_pair.items():
+        if len(group) == 1:
+            e = group[0]
+            tie = f" (tied to {e.src_name})" if e.src_name else ""
+            parts.append(
+                f"{e.name}: source{tie} is {src} on ranks {format_ranks(_ranks(e.src))}, destination "
+                f"{dst} on ranks {format_ranks(_ranks(e.dst))}; only the dtype differs (same shape "
+                f"{tuple(e.meta.shape)})"
+            )
+        else:
+            names = ", ".join(e.name for e in group)
+            parts.append(
+                f"{len(group)} tensors differ only in dtype, source {src} vs destination {dst}: {names}"
+            )
+    if parts:
+        raise PlanError("; ".join(parts) + "; pass cast=True to convert on the way (the sender converts)")
+
+
+def _dtype(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _layout_dims(index, e: TableEntry, side: str, layout) -> LayoutDims:

@@ -101,8 +101,8 @@ def test_global_shape_disagreement():
 def test_dtype_disagreement():
     t = table([(meta(dtype=torch.bfloat16), lay([0, 1], Shard(0)))], [(meta(), lay([2, 3], Shard(0)))])
     with raises(
-        f"{W}: source shape (8, 4) bfloat16 on ranks [0, 1] "
-        "but destination shape (8, 4) float32 on ranks [2, 3]"
+        f"{W}: source is bfloat16 on ranks [0, 1], destination float32 on ranks [2, 3]; only the dtype "
+        "differs (same shape (8, 4)); pass cast=True to convert on the way (the sender converts)"
     ):
         validate_table(t)
 

@@ -272,20 +272,44 @@ def test_config_from_a_transformer_config_and_refusals():
     megatron = pytest.importorskip("megatron.core.transformer.transformer_config")
     tc = megatron.TransformerConfig(
         num_layers=3, hidden_size=64, num_attention_heads=8, num_query_groups=2, ffn_hidden_size=96,
-        gated_linear_unit=True,
+        gated_linear_unit=True, normalization="RMSNorm", rotary_interleaved=True, num_moe_experts=4,
+        moe_shared_expert_intermediate_size=32, moe_shared_expert_gate=True,
     )  # fmt: skip
     config = MegatronConfig.of(tc, vocab_size=100, tied=True)
-    assert config == MegatronConfig(8, 2, 8, True, True, 3, 100)
+    assert config == MegatronConfig(8, 2, 8, True, True, 3, 100, rotary_interleaved=True, shared_expert_gate=True)
     assert config.qkv_block == 6 * 8
-    with pytest.raises(FormatError) as info:
-        MegatronConfig.of(SimpleNamespace(num_attention_heads=8, num_query_groups=2, kv_channels=8,
-                                          attention_output_gate=True))  # fmt: skip
-    assert str(info.value) == (
-        "format 'megatron': attention_output_gate=True puts each query group's gates after its query heads, "
-        "where HF's q_proj interleaves them per head; not mapped"
-    )
     with pytest.raises(FormatError, match="num_attention_heads=6 is not a multiple of num_query_groups=4"):
         MegatronConfig.of(SimpleNamespace(num_attention_heads=6, num_query_groups=4, kv_channels=8))
+
+
+REFUSED = [
+    ("attention_output_gate", True, "attention_output_gate=True is not supported by format 'megatron': "
+     "linear_qkv puts each query group's gates after its query heads, where HF's q_proj interleaves them "
+     "per head"),
+    ("multi_latent_attention", True, "multi_latent_attention=True is not supported by format 'megatron': "
+     "its low-rank q/kv projections (linear_q_down_proj, ...) are not mapped"),
+    ("normalization", "LayerNorm", "normalization='LayerNorm' is not supported by format 'megatron': the HF "
+     "families mapped here use RMSNorm, which has no biases"),
+    ("softmax_type", "learnable", "softmax_type='learnable' is not supported by format 'megatron': its "
+     "learned per-head softmax offsets are not mapped"),
+    ("layernorm_zero_centered_gamma", True, "layernorm_zero_centered_gamma=True is not supported by format "
+     "'megatron': its norm weights are stored as w - 1; when the other side stores them so too (Gemma, "
+     "Qwen3-Next) pass MegatronFormat(norms_as_stored=True)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("field", "value", "text"), REFUSED, ids=[r[0] for r in REFUSED])
+def test_a_setting_with_no_mapping_is_refused_by_name(field, value, text):
+    config = SimpleNamespace(num_attention_heads=8, num_query_groups=2, kv_channels=8, **{field: value})
+    with pytest.raises(FormatError) as info:
+        MegatronConfig.of(config)
+    assert str(info.value) == text
+
+
+def test_zero_centered_norms_move_as_stored_when_asked():
+    config = SimpleNamespace(num_attention_heads=8, num_query_groups=2, kv_channels=8,
+                             layernorm_zero_centered_gamma=True)  # fmt: skip
+    assert MegatronConfig.of(config, norms_as_stored=True) == MegatronConfig(8, 2, 8, False)
 
 
 class _DuckGPT(nn.Module):
@@ -304,7 +328,7 @@ def test_detection_by_class_and_by_shape():
 
     fmt = MegatronFormat()
     assert fmt.detect(GPTModel.__new__(GPTModel))  # the class decides; nothing is built
-    tc = tc_module.TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=2)
+    tc = tc_module.TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=2, normalization="RMSNorm")
     duck = _DuckGPT(tc)
     assert resolve_format(duck, None).name == "megatron"
     assert resolve_format([duck], None).name == "megatron"

@@ -15,8 +15,8 @@ independent converter written from formats.md); every HF model is a real transfo
   Qwen3-MoE → Megatron TP2×EP2, formats detected; HF logits against Megatron EP2's forward.
 - a TP2 model with one multi-token-prediction layer maps every parameter, the MTP layer under
   DeepSeek-V3's names (``model.layers.2.{enorm,hnorm,eh_proj,shared_head.norm}``, ``self_attn``, ...).
-- the errors a user meets: a padded vocab given to no format (with its hint), and an unmapped
-  Megatron parameter (learned position embeddings), raised on every rank.
+- the errors a user meets: a padded vocab given to no format (with its hint), and a
+  Megatron setting with no mapping (learned position embeddings), refused by name on every rank.
 
 Megatron's forward runs on CPU with stubs: ``torch.cuda.current_device`` → "cpu", the CUDA RNG
 tracker's ``fork`` → a null context, MoE's ``te_general_gemm`` → None (0.16.1 references it without
@@ -388,12 +388,11 @@ def test_a_padded_vocab_without_vocab_size_is_explained(results):
         )
 
 
-def test_an_unmapped_megatron_parameter_is_one_error_on_every_rank(results):
+def test_learned_position_embeddings_are_refused_by_name_on_every_rank(results):
     for out in results:
         assert out["padded_untied"]["unmapped"] == (
-            "PlanError: 1 source tensor of format 'megatron' map to no logical tensor: "
-            "embedding.position_embeddings.weight (ranks [0-3]); "
-            "pass ignore= with their names to leave them out"
+            "PlanError: ranks [0-3]: position_embedding_type='learned_absolute' is not supported by format "
+            "'megatron': its learned position embeddings (embedding.position_embeddings.weight) are not mapped"
         )
 
 

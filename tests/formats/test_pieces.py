@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from reshard_core.errors import FormatError
-from reshard_core.formats.pieces import permute, regroup, rename, select, split, unpad
+from reshard_core.formats.pieces import halves, permute, regroup, rename, select, split, unpad
 from reshard_core.layout import Layout, Mesh, Replicate, Shard
 from reshard_core.specs import TensorMeta, TensorSpec
-from reshard_core.views import SplitView, materialize
+from reshard_core.views import SplitView, copy_into, materialize
 
 
 def _spec(name, full, layout, rank):
@@ -110,13 +110,68 @@ def test_regroup_group_major_qkv_with_two_groups_per_rank():
         assert torch.equal(materialize(k.tensor.region((0, 0), tuple(k.tensor.shape))), k_ref.chunk(2)[rank])
 
 
-def test_regroup_refuses_a_rank_holding_part_of_a_group():
-    qkv = torch.zeros(2 * 8, 2)
-    spec = _spec("qkv", qkv, _tp(4, Shard(0)), 0)
+@pytest.mark.parametrize("rank", range(4))
+def test_regroup_a_rank_holding_part_of_one_group(rank):
+    # TP4 over 2 groups of [q: 4 rows; k: 2; v: 2] (TP > query groups): a rank holds half a group
+    q_ref, k_ref, v_ref = (
+        torch.arange(16.0).view(8, 2),
+        100 + torch.arange(8.0).view(4, 2),
+        -torch.arange(8.0),
+    )
+    v_ref = v_ref.view(4, 2)
+    qkv = torch.cat([q_ref[:4], k_ref[:2], v_ref[:2], q_ref[4:], k_ref[2:], v_ref[2:]])
+    spec = _spec("qkv", qkv, _tp(4, Shard(0)), rank)
+    q, k, v = (regroup(spec, 0, 8, a, n, x, rank) for x, a, n in (("q", 0, 4), ("k", 4, 2), ("v", 6, 2)))
+    assert q.layout.placements == (Shard(0, sizes=(4, 0, 4, 0)),) and q.meta.shape == (8, 2)
+    assert k.layout.placements == (Shard(0, sizes=(0, 2, 0, 2)),) and k.meta.shape == (4, 2)
+    for logical, ref in ((q, q_ref), (k, k_ref), (v, v_ref)):
+        (a, b), *_ = logical.layout.dim_intervals((8 if ref is q_ref else 4, 2), rank)[0] or [(0, 0)]
+        assert torch.equal(logical.tensor, ref[a:b])
+        assert logical.tensor.numel() == 0 or logical.tensor.data_ptr() >= spec.tensor.data_ptr()
+
+
+def test_regroup_refuses_a_rank_holding_parts_of_two_groups():
+    qkv = torch.zeros(2 * 6, 2)  # TP3 over 2 groups of 6 rows: rank 1 holds rows [4, 8)
+    spec = _spec("qkv", qkv, _tp(3, Shard(0)), 1)
     with pytest.raises(
-        FormatError, match=r"qkv: rank 0 holds \[\(0, 4\)\] along dim 0, not whole blocks of 8"
+        FormatError,
+        match=r"^qkv: rank 1 holds \[\(4, 8\)\] along dim 0: neither whole blocks of 6 nor part of one$",
     ):
-        regroup(spec, 0, 8, 0, 4, "q", 0)
+        regroup(spec, 0, 6, 0, 2, "q", 1)
+
+
+def _interleaved(halves: torch.Tensor, head: int) -> torch.Tensor:
+    """Rows of each head reordered from halves (HF) to adjacent pairs (Megatron rotary_interleaved)."""
+    return halves.unflatten(0, (-1, 2, head // 2)).transpose(1, 2).flatten(0, 2)
+
+
+@pytest.mark.parametrize(("tp", "rank"), [(1, 0), (2, 0), (2, 1), (4, 3)])
+def test_regroup_rotary_pairs_into_halves(tp, rank):
+    # 2 groups of [q: 2 heads of 4 rows; k: 4; v: 4]; q and k rows stored as adjacent rotary pairs
+    q_ref, k_ref = torch.arange(32.0).view(16, 2), 100 + torch.arange(16.0).view(8, 2)
+    v_ref = -1 - torch.arange(16.0).view(8, 2)
+    q_mem, k_mem = _interleaved(q_ref, 4), _interleaved(k_ref, 4)
+    qkv = torch.cat([q_mem[:8], k_mem[:4], v_ref[:4], q_mem[8:], k_mem[4:], v_ref[4:]])
+    spec = _spec("qkv", qkv, _tp(tp, Shard(0)), rank)
+    pieces = (("q", 0, 8, 4, q_ref), ("k", 8, 4, 4, k_ref), ("v", 12, 4, 0, v_ref))
+    for name, start, size, pairs, ref in pieces:
+        logical = regroup(spec, 0, 16, start, size, name, rank, pairs_of=pairs)
+        held = logical.layout.dim_intervals(tuple(ref.shape), rank)[0]
+        want = torch.cat([ref[a:b] for a, b in held]) if held else ref[:0]
+        got = logical.tensor
+        got = materialize(got.region((0, 0), tuple(got.shape))) if isinstance(got, SplitView) else got
+        assert torch.equal(got, want), (name, tp, rank)
+
+
+def test_halves_of_a_norm_weight_and_writes_land_in_the_parameter():
+    weight = torch.arange(8.0)  # q_norm over a head of 8: pairs (0, 1), (2, 3), ...
+    spec = _spec("q_norm", weight, _tp(2, Replicate()), 0)
+    logical = halves(spec, 0, 8, "q_norm.weight")
+    assert torch.equal(
+        materialize(logical.tensor.region((0,), (8,))), torch.tensor([0.0, 2, 4, 6, 1, 3, 5, 7])
+    )
+    copy_into(logical.tensor.region((0,), (8,)), torch.arange(10.0, 18.0))
+    assert torch.equal(spec.tensor, torch.tensor([10.0, 14, 11, 15, 12, 16, 13, 17]))
 
 
 def test_unpad_a_tp_sharded_vocab():
