@@ -116,6 +116,7 @@ _REFUSED: tuple[tuple[str, object, str], ...] = (
     ),
     ("normalization", "LayerNorm", "the HF families mapped here use RMSNorm, which has no biases"),
     ("softmax_type", "learnable", "its learned per-head softmax offsets are not mapped"),
+    ("softmax_type", "off-by-one", "the HF families mapped here use a plain softmax"),
     (
         "layernorm_zero_centered_gamma",
         True,
@@ -344,7 +345,7 @@ class MegatronFormat(ModelFormat):
             config = MegatronConfig.of(
                 root.config, vocab_size=self.vocab_size, tied=tied, norms_as_stored=self.norms_as_stored
             )
-        _check_model(root, config)
+        _check_model(root, self.config if self.config is not None else root.config)
         return config
 
     def map_spec(self, spec: TensorSpec, model: Any, context: ExtractContext) -> list[Mapped] | None:
@@ -367,20 +368,26 @@ class MegatronFormat(ModelFormat):
         return f"<format megatron vocab_size={self.vocab_size}>" if self.vocab_size else "<format megatron>"
 
 
-def _check_model(root: Any, config: MegatronConfig) -> None:
-    """Refuse, by name, ``GPTModel`` arguments that change weights the mapping has no rule for."""
-    if getattr(root, "position_embedding_type", "rope") == "learned_absolute":
-        raise refused(
-            "position_embedding_type",
-            "learned_absolute",
-            "its learned position embeddings (embedding.position_embeddings.weight) are not mapped",
+def _check_model(root: Any, config: Any) -> None:
+    """Refuse, by name, model settings outside ``TransformerConfig``'s weight fields that would make
+    the mapped model compute something else than the HF families it maps to (whole-head RoPE,
+    SwiGLU), or that add weights the mapping has no rule for."""
+    kind = getattr(root, "position_embedding_type", "rope")
+    if kind in ("learned_absolute", "none"):
+        why = (
+            "its learned position embeddings (embedding.position_embeddings.weight) are not mapped"
+            if kind == "learned_absolute"
+            else "the HF families mapped here apply RoPE"
         )
+        raise refused("position_embedding_type", kind, why)
     percent = getattr(root, "rotary_percent", 1.0)
-    if config.rotary_interleaved and percent != 1.0:
+    if percent != 1.0:
+        raise refused("rotary_percent", percent, "the HF families mapped here rotate whole heads")
+    activation = getattr(config, "activation_func", None)
+    name = getattr(activation, "__name__", repr(activation))
+    if activation is not None and getattr(config, "gated_linear_unit", False) and name != "silu":
         raise refused(
-            "rotary_interleaved",
-            True,
-            f"with rotary_percent={percent} only part of each head rotates; only whole heads are regrouped",
+            "activation_func", name, "the gated MLPs of the HF families mapped here use SiLU (SwiGLU)"
         )
 
 

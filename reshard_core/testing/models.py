@@ -112,9 +112,9 @@ def build_gpt(
     TP>1 needs ``bias=False`` (Megatron supports MoE bias only with expert TP 1).
     ``parallel_output=False`` gathers the logits over TP (whole vocabulary on every rank).
     ``normalization="RMSNorm"`` and ``rope=True`` give a Llama-like model (no norm biases, no learned
-    position embedding). ``cpu_moe_forward`` builds MoE layers whose forward runs on CPU (allgather
-    token dispatcher, since alltoall's creates a CUDA stream; no load-balancing loss); parameters are
-    the same either way. Returns None when ``pg_collection`` is None (rank outside the grid).
+    position embedding, SiLU gated MLPs). ``cpu_moe_forward`` builds MoE layers whose forward runs on
+    CPU (allgather token dispatcher, since alltoall's creates a CUDA stream; no load-balancing loss);
+    parameters are the same either way. Returns None when ``pg_collection`` is None (rank outside the grid).
     """
     if pg_collection is None:
         return None
@@ -125,8 +125,10 @@ def build_gpt(
     tp, pp, ep = (pg_collection.tp.size(), pg_collection.pp.size(), pg_collection.ep.size())
     init = lambda t: t.data.copy_(coord_values(t.shape, seed, t.dtype))  # noqa: E731
     extra = {}
+    if normalization == "RMSNorm" and rope:
+        extra["activation_func"] = torch.nn.functional.silu
     if num_moe_experts:
-        extra = dict(num_moe_experts=num_moe_experts, moe_ffn_hidden_size=ffn_hidden_size, moe_router_topk=2,
+        extra |= dict(num_moe_experts=num_moe_experts, moe_ffn_hidden_size=ffn_hidden_size, moe_router_topk=2,
                      expert_model_parallel_size=ep, moe_grouped_gemm=False)  # fmt: skip
         if cpu_moe_forward:
             extra.update(moe_token_dispatcher_type="allgather", moe_router_load_balancing_type="none",

@@ -276,7 +276,9 @@ def test_config_from_a_transformer_config_and_refusals():
         moe_shared_expert_intermediate_size=32, moe_shared_expert_gate=True,
     )  # fmt: skip
     config = MegatronConfig.of(tc, vocab_size=100, tied=True)
-    assert config == MegatronConfig(8, 2, 8, True, True, 3, 100, rotary_interleaved=True, shared_expert_gate=True)
+    assert config == MegatronConfig(
+        8, 2, 8, True, True, 3, 100, rotary_interleaved=True, shared_expert_gate=True
+    )
     assert config.qkv_block == 6 * 8
     with pytest.raises(FormatError, match="num_attention_heads=6 is not a multiple of num_query_groups=4"):
         MegatronConfig.of(SimpleNamespace(num_attention_heads=6, num_query_groups=4, kv_channels=8))
@@ -328,7 +330,9 @@ def test_detection_by_class_and_by_shape():
 
     fmt = MegatronFormat()
     assert fmt.detect(GPTModel.__new__(GPTModel))  # the class decides; nothing is built
-    tc = tc_module.TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=2, normalization="RMSNorm")
+    tc = tc_module.TransformerConfig(
+        num_layers=1, hidden_size=8, num_attention_heads=2, normalization="RMSNorm"
+    )
     duck = _DuckGPT(tc)
     assert resolve_format(duck, None).name == "megatron"
     assert resolve_format([duck], None).name == "megatron"
@@ -336,3 +340,33 @@ def test_detection_by_class_and_by_shape():
     assert not fmt.detect(nn.Linear(2, 2))
     config = fmt.config_of(duck)
     assert (config.num_attention_heads, config.num_query_groups, config.kv_channels) == (2, 2, 4)
+
+
+MODEL_REFUSED = [
+    ({"position_embedding_type": "learned_absolute"}, {}, "position_embedding_type='learned_absolute' is not "
+     "supported by format 'megatron': its learned position embeddings (embedding.position_embeddings.weight) "
+     "are not mapped"),
+    ({"position_embedding_type": "none"}, {}, "position_embedding_type='none' is not supported by format "
+     "'megatron': the HF families mapped here apply RoPE"),
+    ({"rotary_percent": 0.5}, {}, "rotary_percent=0.5 is not supported by format 'megatron': the HF families "
+     "mapped here rotate whole heads"),
+    ({}, {"activation_func": torch.nn.functional.gelu, "gated_linear_unit": True},
+     "activation_func='gelu' is not supported by format 'megatron': the gated MLPs of the HF families "
+     "mapped here use SiLU (SwiGLU)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("model", "config", "text"), MODEL_REFUSED, ids=["learned", "nope", "partial", "gelu"]
+)
+def test_a_model_setting_with_no_mapping_is_refused_by_name(model, config, text):
+    duck = _DuckGPT(SimpleNamespace(num_attention_heads=8, num_query_groups=2, kv_channels=8, **config))
+    for name, value in model.items():
+        setattr(duck, name, value)
+    with pytest.raises(FormatError) as info:
+        MegatronFormat().config_of(duck)
+    assert str(info.value) == text
+    duck.config.activation_func = torch.nn.functional.silu
+    for name in model:
+        delattr(duck, name)
+    assert MegatronFormat().config_of(duck).num_query_groups == 2

@@ -391,8 +391,9 @@ def test_a_padded_vocab_without_vocab_size_is_explained(results):
 def test_learned_position_embeddings_are_refused_by_name_on_every_rank(results):
     for out in results:
         assert out["padded_untied"]["unmapped"] == (
-            "PlanError: ranks [0-3]: position_embedding_type='learned_absolute' is not supported by format "
-            "'megatron': its learned position embeddings (embedding.position_embeddings.weight) are not mapped"
+            "PlanError: ranks [0-3]: position_embedding_type='learned_absolute' is not supported by "
+            "format 'megatron': its learned position embeddings (embedding.position_embeddings.weight) "
+            "are not mapped"
         )
 
 

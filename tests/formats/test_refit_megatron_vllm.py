@@ -1,10 +1,12 @@
-"""Megatron-Core TP2 (×DP2) → vLLM's convention at TP4, directly, in one 4-rank Gloo world.
+"""Megatron-Core → vLLM's convention at TP4, directly, in one 4-rank Gloo world.
 
-The source is a real ``GPTModel`` (local layer spec, RMSNorm, gated MLP, no biases, nh=8, ng=2,
-untied output) whose shards are filled, by formulas written here from formats.md, with the HF
-tensors of one Llama model (group-major ``linear_qkv``, ``[gate_s; up_s]`` fc1). The destination is
-the vLLM stand-in at TP4, where each kv head is replicated over two ranks and the vocab of 100 is
-padded to 128 rows. ``refit(src, dst)`` takes no format argument ("megatron" and "vllm" are
+The source is a real ``GPTModel`` (local layer spec, RMSNorm, gated MLP, no biases, nh=8, untied
+output) whose shards are filled, by formulas written here from formats.md, with the HF tensors of
+one Llama model (group-major ``linear_qkv``, ``[gate_s; up_s]`` fc1). Three sources: TP2 (×DP2) with
+ng=2, and TP4 with ng=2 and ng=1, where TP exceeds the query groups and Megatron splits the fused
+``linear_qkv`` rows evenly, so a rank holds part of one group's block. The destination is the vLLM
+stand-in at TP4, where each kv head is replicated over TP/ng ranks and the vocab of 100 is padded
+to 128 rows. ``refit(src, dst)`` takes no format argument ("megatron" and "vllm" are
 detected) and must land ``vllm_oracle``'s values bit for bit, padding zero, each rank receiving only
 the real elements it does not copy locally.
 
@@ -25,35 +27,36 @@ pytest.importorskip("reshard_core.formats.megatron")
 pytestmark = pytest.mark.slow
 
 WORLD = 4
-TP = 2
-SIZES = dict(vocab=100, hidden=64, inter=96, heads=8, groups=2, head_dim=8, layers=2)
+CASES = {"tp2_ng2": (2, 2), "tp4_ng2": (4, 2), "tp4_ng1": (4, 1)}
+"""Source (Megatron TP, query groups) per case."""
+SIZES = dict(vocab=100, hidden=64, inter=96, heads=8, head_dim=8, layers=2)
 
 
-def llama_config():
+def llama_config(groups: int):
     from transformers import LlamaConfig
 
     s = SIZES
     return LlamaConfig(
         vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["inter"],
-        num_hidden_layers=s["layers"], num_attention_heads=s["heads"], num_key_value_heads=s["groups"],
+        num_hidden_layers=s["layers"], num_attention_heads=s["heads"], num_key_value_heads=groups,
         head_dim=s["head_dim"], tie_word_embeddings=False,
     )  # fmt: skip
 
 
-def hf_tensors() -> dict[str, torch.Tensor]:
+def hf_tensors(groups: int) -> dict[str, torch.Tensor]:
     """The logical (HF) tensors, the same on every rank."""
     from transformers import LlamaForCausalLM
     from vllm_oracle import hf_values
 
-    return hf_values(LlamaForCausalLM(llama_config()), seed=3)
+    return hf_values(LlamaForCausalLM(llama_config(groups)), seed=3)
 
 
-def megatron_shard(full: dict[str, torch.Tensor], name: str, s: int) -> torch.Tensor:
+def megatron_shard(full: dict[str, torch.Tensor], name: str, s: int, tp: int, ng: int) -> torch.Tensor:
     """TP rank ``s``'s piece of Megatron parameter ``name`` (formats.md: Megatron ← HF)."""
-    h, nh, ng = SIZES["head_dim"], SIZES["heads"], SIZES["groups"]
-    p, gs = nh // ng, ng // TP
-    rows = lambda t: t.chunk(TP)[s]  # noqa: E731
-    cols = lambda t: t.chunk(TP, dim=1)[s]  # noqa: E731
+    h, nh = SIZES["head_dim"], SIZES["heads"]
+    p = nh // ng
+    rows = lambda t: t.chunk(tp)[s]  # noqa: E731
+    cols = lambda t: t.chunk(tp, dim=1)[s]  # noqa: E731
     if name == "embedding.word_embeddings.weight":
         return rows(full["model.embed_tokens.weight"])
     if name == "output_layer.weight":
@@ -65,9 +68,9 @@ def megatron_shard(full: dict[str, torch.Tensor], name: str, s: int) -> torch.Te
     if what == "self_attention.linear_qkv.weight":
         q, k, v = (full[hf + f"self_attn.{x}_proj.weight"] for x in "qkv")
         blocks = []
-        for g in range(s * gs, (s + 1) * gs):  # group-major: p query heads, then k_g, then v_g
+        for g in range(ng):  # group-major: p query heads, then k_g, then v_g; TP splits the rows evenly
             blocks += [q[g * p * h : (g + 1) * p * h], k[g * h : (g + 1) * h], v[g * h : (g + 1) * h]]
-        return torch.cat(blocks)
+        return rows(torch.cat(blocks))
     simple = {
         "self_attention.linear_proj.weight": (cols, "self_attn.o_proj.weight"),
         "mlp.linear_fc2.weight": (cols, "mlp.down_proj.weight"),
@@ -80,8 +83,8 @@ def megatron_shard(full: dict[str, torch.Tensor], name: str, s: int) -> torch.Te
     return cut(full[hf + key]) if cut else full[hf + key]
 
 
-def build_megatron(full: dict[str, torch.Tensor]):
-    """Megatron TP2 × DP2 over the world, each rank's shards filled from ``full``."""
+def build_megatron(full: dict[str, torch.Tensor], tp: int, ng: int):
+    """Megatron TP ``tp`` (× DP) over the world with ``ng`` query groups, shards filled from ``full``."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -89,13 +92,13 @@ def build_megatron(full: dict[str, torch.Tensor]):
     from reshard_core.testing.models import build_pg_collection, init_megatron
 
     init_megatron()
-    pgs = build_pg_collection(tp=TP)
+    pgs = build_pg_collection(tp=tp)
     s = SIZES
     config = TransformerConfig(
         num_layers=s["layers"], hidden_size=s["hidden"], num_attention_heads=s["heads"],
-        num_query_groups=s["groups"], kv_channels=s["head_dim"], ffn_hidden_size=s["inter"],
+        num_query_groups=ng, kv_channels=s["head_dim"], ffn_hidden_size=s["inter"],
         gated_linear_unit=True, add_bias_linear=False, normalization="RMSNorm", use_cpu_initialization=True,
-        tensor_model_parallel_size=TP, pipeline_dtype=torch.float32, params_dtype=torch.float32,
+        tensor_model_parallel_size=tp, pipeline_dtype=torch.float32, params_dtype=torch.float32,
         hidden_dropout=0.0, attention_dropout=0.0,
     )  # fmt: skip
     model = GPTModel(
@@ -105,19 +108,23 @@ def build_megatron(full: dict[str, torch.Tensor]):
     )  # fmt: skip
     with torch.no_grad():
         for name, param in model.named_parameters():
-            param.copy_(megatron_shard(full, name, pgs.tp.rank()))
+            param.copy_(megatron_shard(full, name, pgs.tp.rank(), tp, ng))
     return model
 
 
 def _world(rank: int, world: int) -> dict:
+    return {case: _case(rank, *tp_ng) for case, tp_ng in CASES.items()}
+
+
+def _case(rank: int, tp: int, ng: int) -> dict:
     import reshard_core
     from reshard_core.formats import resolve_format
     from reshard_core.formats.vllm import VLLMParallel
     from reshard_core.testing.vllm_standin import VLLMStandInForCausalLM
 
-    full = hf_tensors()
-    src = build_megatron(full)
-    config = llama_config()
+    full = hf_tensors(ng)
+    src = build_megatron(full, tp, ng)
+    config = llama_config(ng)
     dst = VLLMStandInForCausalLM(config, VLLMParallel.of(range(WORLD)), rank)
     held = dict(dst.named_parameters())
     expected, padding = expected_vllm(full, config, [tuple(range(WORLD))], rank)
@@ -143,14 +150,15 @@ def results():
     return run_world(_world, WORLD, timeout=300, pg_timeout=120)
 
 
-def test_megatron_tp2_to_vllm_tp4_is_exact_and_moves_only_needed_slices(results):
+@pytest.mark.parametrize("case", CASES)
+def test_megatron_to_vllm_tp4_is_exact_and_moves_only_needed_slices(results, case):
     for rank in range(WORLD):
-        facts = results[rank]
+        facts = results[rank][case]
         assert facts["formats"] == ("megatron", "vllm")
         assert facts["names"] and facts["wrong"] == []
         received, local, real = facts["bytes"]
         assert received == real - local
-    assert [results[r]["padding"] for r in range(WORLD)] == [0, 0, 0, 2 * 28 * SIZES["hidden"]]
+    assert [results[r][case]["padding"] for r in range(WORLD)] == [0, 0, 0, 2 * 28 * SIZES["hidden"]]
 
 
 if __name__ == "__main__":
