@@ -22,6 +22,7 @@ _LAZY = {
     "KINDS": "shapes",
     "ModelShapes": "shapes",
     "ShapeEntry": "shapes",
+    "ShapeFileError": "shapes",
     "dump_json": "shapes",
     "load_json": "shapes",
 }
@@ -48,7 +49,8 @@ def _builtin(name: str) -> ModelShapes:
 
 
 def get_model(name_or_path: str) -> ModelShapes:
-    """A catalogue model by name, or the shapes in a JSON file; ``ValueError`` if neither."""
+    """A catalogue model by name, or the shapes in a JSON file; ``ValueError`` if neither
+    (``ShapeFileError``, naming the file, the entry and the key, for a file that is unusable)."""
     if name_or_path in CONFIGS:
         return _builtin(name_or_path)
     if name_or_path.endswith(".json") or Path(name_or_path).is_file():

@@ -11,18 +11,21 @@ A shape entry carries what the simulator needs to lay the tensor out like Megatr
 - ``expert``: the global expert index of a per-expert tensor (expert parallelism splits these),
   else None.
 
-JSON form: ``{"name", "num_layers"?, "num_attention_heads"?, "num_query_groups"?, "tensors":
+JSON form: ``{"name"?, "num_layers"?, "num_attention_heads"?, "num_query_groups"?, "tensors":
 [{"name", "shape", "dtype"?, "kind"?, "layer"?, "expert"?}]}`` (or the bare ``tensors`` list).
 Without ``num_layers`` the highest layer plus one is taken; omitted
 ``layer``/``expert`` are read from Megatron-style names (``decoder.layers.L.``,
 ``experts.local_experts.E.`` or grouped ``experts.linear_fc1.weightE``); ``dtype`` defaults to
-``bfloat16`` and ``kind`` to ``replicated``. Every error names the file (and the entry and key).
+``bfloat16`` and ``kind`` to ``replicated``. ``TOP_KEYS`` and ``entry_keys`` say what each key must
+be (no other key is accepted); each tensor name appears once. Every error names the file, and the
+entry and key.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -88,66 +91,143 @@ def infer_expert(name: str) -> int | None:
     return int(m.group(1) if m.group(1) is not None else m.group(2))
 
 
+class ShapeFileError(ValueError):
+    """A JSON shape file that cannot be read or used; the message names the file, and the entry and
+    key at fault."""
+
+
+Check = Callable[[object], "str | None"]
+"""A key's validator: what is wrong with a value (the text after ``key 'K': ``), or None if nothing."""
+
+_SPLIT_DIM = {"column": 0, "strided": 0, "vocab": 0, "row": 1}
+"""The dimension each ``kind`` splits over tensor parallelism."""
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # JSON true/false load as ints
+
+
+def _show(value: object) -> str:
+    """``value`` written as JSON, shortened."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _must(what: str, ok: Callable[[object], bool]) -> Check:
+    return lambda value: None if ok(value) else f"{_show(value)} is not {what}"
+
+
+def _dtype(name: object) -> torch.dtype | None:
+    found = getattr(torch, name.removeprefix("torch."), None) if isinstance(name, str) else None
+    return found if isinstance(found, torch.dtype) else None
+
+
+def _shape(value: object) -> str | None:
+    if not isinstance(value, list):
+        return f"{_show(value)} is not a list of dimensions"
+    for d, n in enumerate(value):
+        if not _is_int(n) or n < 0:
+            return f"dimension {d} is {_show(n)}, not a non-negative integer"
+    return None
+
+
+_NAME = _must("a non-empty string", lambda v: isinstance(v, str) and v != "")
+_POSITIVE = _must("a positive integer", lambda v: _is_int(v) and v > 0)
+
+TOP_KEYS: dict[str, Check] = {
+    "name": _NAME,
+    "num_layers": _must("a non-negative integer", lambda v: _is_int(v) and v >= 0),
+    "num_attention_heads": _POSITIVE,
+    "num_query_groups": _POSITIVE,
+    "tensors": _must("a non-empty list of tensor entries", lambda v: isinstance(v, list) and len(v) > 0),
+}
+"""The keys a shape file's top-level object accepts, and what each must be."""
+
+
+def entry_keys(num_layers: int | None) -> dict[str, Check]:
+    """The keys a tensor entry accepts, and what each must be (``layer`` at most ``num_layers``
+    when the file states it)."""
+    layers = "an integer >= -1" if num_layers is None else f"an integer from -1 to {num_layers}"
+    highest = float("inf") if num_layers is None else num_layers
+    return {
+        "name": _NAME,
+        "shape": _shape,
+        "dtype": _must("a torch dtype name such as bfloat16", lambda v: _dtype(v) is not None),
+        "kind": _must(f"one of {', '.join(KINDS)}", lambda v: isinstance(v, str) and v in KINDS),
+        "layer": _must(layers, lambda v: _is_int(v) and -1 <= v <= highest),
+        "expert": _must("a non-negative integer or null", lambda v: v is None or (_is_int(v) and v >= 0)),
+    }
+
+
+def _checked(obj: object, keys: dict[str, Check], where: str, required: tuple[str, ...]) -> dict:
+    """``obj``, once it is a dict holding ``required`` and only ``keys``, each passing its check;
+    else ``ValueError`` naming ``where`` and the key."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where} is {_show(obj)}, not a JSON object")
+    for key in required:
+        if key not in obj:
+            raise ValueError(f"{where} is missing key {key!r}")
+    for key, value in obj.items():
+        if key not in keys:
+            raise ValueError(f"{where}: key {key!r} is not one of {', '.join(map(repr, keys))}")
+        problem = keys[key](value)
+        if problem is not None:
+            raise ValueError(f"{where}: key {key!r}: {problem}")
+    return obj
+
+
 def load_json(path: str | Path) -> ModelShapes:
-    """Read a JSON shape file (see module docstring); ``ValueError`` naming the file, and the entry
-    and key where one is bad or missing."""
+    """Read a JSON shape file (see module docstring); ``ShapeFileError`` naming the file, and the
+    entry and key, for anything unreadable, missing, unknown, mistyped, out of range or repeated."""
     path = Path(path)
     try:
         data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    except OSError as exc:
+        raise ShapeFileError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise ShapeFileError(f"{path}: not valid JSON ({exc})") from None
     try:
         return _shapes_from(data, path.stem)
-    except _MissingKey as exc:
-        raise ValueError(f"{path}: {exc.where} is missing key {exc.key!r}") from None
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"{path}: {exc}") from None
-
-
-class _MissingKey(Exception):
-    def __init__(self, where: str, key: str) -> None:
-        super().__init__(where, key)
-        self.where, self.key = where, key
-
-
-def _get(entry: object, key: str, where: str):
-    if not isinstance(entry, dict):
-        raise TypeError(f"{where} must be a JSON object, got {type(entry).__name__}")
-    if key not in entry:
-        raise _MissingKey(where, key)
-    return entry[key]
+    except ValueError as exc:
+        raise ShapeFileError(f"{path}: {exc}") from None
 
 
 def _shapes_from(data: object, stem: str) -> ModelShapes:
-    raw = _get(data, "tensors", "the top level") if isinstance(data, dict) else data
-    if not isinstance(raw, list):
-        raise TypeError(f"'tensors' must be a list, got {type(raw).__name__}")
-    top = data if isinstance(data, dict) else {}
+    """The shapes in a loaded JSON document; ``ValueError`` naming the entry and key at fault."""
+    if isinstance(data, list):
+        data = {"tensors": data}
+    top = _checked(data, TOP_KEYS, "the top level", required=("tensors",))
+    entries: list[dict] = top["tensors"]
+    keys = entry_keys(top.get("num_layers"))
+    first_index: dict[str, int] = {}
+    for i, t in enumerate(entries):
+        name = t.get("name") if isinstance(t, dict) else None
+        where = f"tensors[{i}] ({name})" if isinstance(name, str) and name else f"tensors[{i}]"
+        _checked(t, keys, where, required=("name", "shape"))
+        first = first_index.setdefault(name, i)
+        if first != i:  # a repeated entry would count its bytes twice
+            raise ValueError(f"{where}: key 'name': {name!r} is also tensors[{first}]")
+        split, shape = _SPLIT_DIM.get(t.get("kind", "replicated")), t["shape"]
+        if split is not None and 0 < len(shape) <= split:
+            raise ValueError(
+                f"{where}: key 'kind': {t['kind']!r} splits dimension {split}, not in shape {_show(shape)}"
+            )
     num_layers = top.get("num_layers")
-    names = [_get(t, "name", f"tensors[{i}]") for i, t in enumerate(raw)]
     if num_layers is None:  # one past the highest layer named or given
-        layers = [t["layer"] if "layer" in t else infer_layer(n, -1) for t, n in zip(raw, names, strict=True)]
-        num_layers = 1 + max([-1, *layers])
+        num_layers = 1 + max(-1, *(t.get("layer", infer_layer(t["name"], -1)) for t in entries))
     tensors = []
-    for i, t in enumerate(raw):
-        name = names[i]
-        shape = _get(t, "shape", f"tensors[{i}] ({name})")
-        kind = t.get("kind", "replicated")
-        if kind not in KINDS:
-            raise ValueError(f"{name}: kind {kind!r} is not one of {', '.join(KINDS)}")
-        dtype = getattr(torch, str(t.get("dtype", "bfloat16")).removeprefix("torch."), None)
-        if not isinstance(dtype, torch.dtype):
-            raise ValueError(f"{name}: unknown dtype {t.get('dtype')!r}")
+    for i, t in enumerate(entries):
+        name = t["name"]
         layer = t["layer"] if "layer" in t else infer_layer(name, num_layers)
+        if layer > num_layers:
+            raise ValueError(
+                f"tensors[{i}] ({name}): key 'name': names layer {layer}, past num_layers {num_layers}"
+            )
         expert = t["expert"] if "expert" in t else infer_expert(name)
-        tensors.append(ShapeEntry(name, tuple(int(s) for s in shape), dtype, kind, layer, expert))
-    return ModelShapes(
-        top.get("name", stem),
-        tuple(tensors),
-        num_layers,
-        top.get("num_attention_heads"),
-        top.get("num_query_groups"),
-    )
+        dtype = _dtype(t.get("dtype", "bfloat16")) or torch.bfloat16  # never None: checked
+        tensors.append(ShapeEntry(name, tuple(t["shape"]), dtype, t.get("kind", "replicated"), layer, expert))
+    heads, groups = top.get("num_attention_heads"), top.get("num_query_groups")
+    return ModelShapes(top.get("name", stem), tuple(tensors), num_layers, heads, groups)
 
 
 def dump_json(model: ModelShapes) -> str:

@@ -1,14 +1,16 @@
 """``reshard plan``: simulate a refit's plan offline, in one process, and report per-rank costs.
 
-Exit codes: 0 valid plan, 1 invalid plan or a planning error, 2 bad arguments (layout string,
-model, byte size).
+Exit codes: 0 valid plan, 1 invalid plan or a planning error, 2 bad arguments (a flag, or a JSON
+shape file: ``catalogue.shapes`` validates it), always as one ``error:`` line naming the flag, or the
+file, the entry and the key.
 """
 
 from __future__ import annotations
 
 import re
 import sys
-from typing import TYPE_CHECKING, Annotated
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 from rich import box
@@ -16,13 +18,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..catalogue import get_model, model_names
+from ..catalogue import CONFIGS, get_model, model_names
 from ..errors import ReshardError
 from .layouts import check_fits, megatron_text, parse_cli_layout
 from .output import EXIT_FAILURE, EXIT_USAGE, console, print_error, print_json
 
 if TYPE_CHECKING:
     from ..simulate.run import SimulationReport
+
+T = TypeVar("T")
 
 FULL_PLAN_LIMIT = 256
 """Plan every rank up to this many; beyond it, a sample plus the busiest candidates."""
@@ -62,12 +66,15 @@ def plan_command(
     ],
     dst: Annotated[str, typer.Option(help="Destination layout, same form.")],
     dst_offset: Annotated[
-        int, typer.Option(help="First destination rank (0 = colocated with the source).")
-    ] = 0,
+        str, typer.Option(metavar="<int>", help="First destination rank (0 = colocated with the source).")
+    ] = "0",
     max_batch_bytes: Annotated[str | None, typer.Option(help="Staging budget per batch, e.g. 1GiB.")] = None,
     sample: Annotated[
-        int | None,
-        typer.Option(help=f"Plan N spread ranks plus the busiest (default: all up to {FULL_PLAN_LIMIT})."),
+        str | None,
+        typer.Option(
+            metavar="<int>",
+            help=f"Plan N spread ranks plus the busiest (default: all up to {FULL_PLAN_LIMIT}).",
+        ),
     ] = None,
     all_ranks: Annotated[bool, typer.Option("--all-ranks", help="Plan every rank, however many.")] = False,
     allow_uneven: Annotated[
@@ -82,42 +89,49 @@ def plan_command(
 ) -> None:
     """Plan a refit offline: per-rank bytes, messages, plan time, metadata size, validity.
 
-    With ``--src-format``/``--dst-format`` each side is laid out in its own format (Megatron-Core,
-    the vLLM convention, transformers under FSDP2) and planned in the logical (HF checkpoint)
-    space, and the report adds what a gather-first converter would move."""
+    With ``--src-format``/``--dst-format`` (a missing one: megatron) each side is laid out in its
+    own format (Megatron-Core, the vLLM convention, transformers under FSDP2); two different formats
+    are planned in the logical (HF checkpoint) space, and the report adds what a gather-first
+    converter would move. Megatron on both sides is the plan without format flags."""
+    from ..simulate.formats import format_table, gather_first_bytes
     from ..simulate.run import simulate  # torch: imported only when a plan is made
 
-    table = None
     try:
-        shapes = get_model(model)
-        src_par, dst_par = parse_cli_layout(src), parse_cli_layout(dst)
-        if src_format or dst_format:
-            table = _format_table(model, src_par, dst_par, src_format, dst_format, dst_offset)
-        budget = parse_bytes(max_batch_bytes) if max_batch_bytes is not None else None
-        if dst_offset < 0:
-            raise ValueError(f"bad --dst-offset {dst_offset}: must be >= 0")
+        offset = _option("--dst-offset", _whole, dst_offset, 0)
+        ranks = None if sample is None else _option("--sample", _whole, sample, 1)
+        budget = None
+        if max_batch_bytes is not None:
+            budget = _option("--max-batch-bytes", parse_bytes, max_batch_bytes)
+        formats = _formats(model, src_format, dst_format)
+        shapes = _option("--model", get_model, model)
+        src_par, dst_par = _option("--src", parse_cli_layout, src), _option("--dst", parse_cli_layout, dst)
         if not allow_uneven:
-            for text, par, fmt in ((src, src_par, src_format), (dst, dst_par, dst_format)):
+            sides = (("--src", src, src_par, src_format), ("--dst", dst, dst_par, dst_format))
+            for flag, text, par, fmt in sides:
                 if fmt != "vllm":  # vLLM replicates kv heads over TP > query groups; its format checks
-                    check_fits(shapes, text, par)
-    except (ValueError, OSError, KeyError) as exc:
+                    _option(flag, check_fits, shapes, text, par)
+        table = None
+        if formats is not None and formats != ("megatron", "megatron"):
+            flags = "/".join(f for f, v in (("--src-format", src_format), ("--dst-format", dst_format)) if v)
+            table = _option(flags, format_table, CONFIGS[model], src_par, dst_par, *formats, offset)
+    except Exception as exc:  # whatever a bad input raises: one line and exit 2, never a traceback
         print_error(exc)
         raise typer.Exit(EXIT_USAGE) from None
-    world = max(src_par.world, dst_offset + dst_par.world)
-    if all_ranks or (sample is None and world <= FULL_PLAN_LIMIT) or (sample is not None and sample >= world):
-        sample = None
-    elif sample is None:
-        sample = 64
+    world = max(src_par.world, offset + dst_par.world)
+    if all_ranks or (ranks is None and world <= FULL_PLAN_LIMIT) or (ranks is not None and ranks >= world):
+        ranks = None
+    elif ranks is None:
+        ranks = 64
     try:
-        with _progress(quiet=(sample or world) < 16) as bar:
+        with _progress(quiet=(ranks or world) < 16) as bar:
             task = bar.add_task("planning ranks", total=None)
             report = simulate(
                 shapes,
                 src_par,
                 dst_par,
-                dst_offset=dst_offset,
+                dst_offset=offset,
                 max_batch_bytes=budget,
-                sample=sample,
+                sample=ranks,
                 progress=lambda done, total: bar.update(task, completed=done, total=total),
                 table=table,
             )
@@ -128,10 +142,8 @@ def plan_command(
         print_error(exc)
         raise typer.Exit(EXIT_FAILURE) from None
     report.src, report.dst = megatron_text(src_par), megatron_text(dst_par)
-    if table is not None:
-        from ..simulate.formats import gather_first_bytes
-
-        report.formats = (src_format or "megatron", dst_format or "megatron")
+    report.formats = formats
+    if formats is not None and formats[0] != formats[1]:  # within one format nothing is converted
         report.gather_first_bytes = gather_first_bytes(table)
     if as_json:
         print_json(report.to_dict())
@@ -143,18 +155,50 @@ def plan_command(
         raise typer.Exit(EXIT_FAILURE)
 
 
-def _format_table(model: str, src, dst, src_format: str | None, dst_format: str | None, dst_offset: int):
-    """The logical table of a catalogue model refit across formats (a missing one: megatron)."""
-    from ..catalogue import CONFIGS
-    from ..simulate.formats import format_table
+def _option(flag: str, parse: Callable[..., T], *args: object) -> T:
+    """``parse(*args)``, anything it raises re-raised as a ``ValueError`` naming ``flag`` (a
+    ``ShapeFileError`` as it is: it names the file, the entry and the key)."""
+    from ..catalogue.shapes import ShapeFileError
 
+    try:
+        return parse(*args)
+    except ShapeFileError:
+        raise
+    except Exception as exc:
+        reason = str(exc) if isinstance(exc, (ValueError, OSError)) else f"{type(exc).__name__}: {exc}"
+        raise ValueError(f"{flag}: {reason}") from None
+
+
+def _whole(text: str, minimum: int) -> int:
+    """``text`` as an integer of at least ``minimum``; ``ValueError`` otherwise."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a whole number") from None
+    if n < minimum:
+        raise ValueError(f"must be >= {minimum}, not {n}")
+    return n
+
+
+def _formats(model: str, src_format: str | None, dst_format: str | None) -> tuple[str, str] | None:
+    """The (source, destination) formats asked for, a missing one megatron; None when neither is.
+    ``ValueError`` naming the flag for an unknown format or a model outside the catalogue."""
+    from ..simulate.formats import FORMATS
+
+    given = {f: v for f, v in (("--src-format", src_format), ("--dst-format", dst_format)) if v is not None}
+    for flag, name in given.items():
+        if name not in FORMATS:
+            raise ValueError(
+                f"{flag}: unknown format {name!r} for offline planning; use one of {', '.join(FORMATS)}"
+            )
+    if not given:
+        return None
     if model not in CONFIGS:
         raise ValueError(
-            f"--src-format/--dst-format plan catalogue models only ({', '.join(sorted(CONFIGS))})"
+            f"{'/'.join(given)}: formats plan catalogue models only ({', '.join(sorted(CONFIGS))}), "
+            f"not {model!r}"
         )
-    return format_table(
-        CONFIGS[model], src, dst, src_format or "megatron", dst_format or "megatron", dst_offset
-    )
+    return src_format or "megatron", dst_format or "megatron"
 
 
 def _progress(quiet: bool) -> Progress:
@@ -206,7 +250,7 @@ def _print(report: SimulationReport) -> None:
                     else human(report.gather_first_bytes),
                 )
             ]
-            if report.formats
+            if report.gather_first_bytes is not None
             else []
         ),
         ("valid", "yes" if report.valid else "NO"),

@@ -117,6 +117,9 @@ _REFUSED: tuple[tuple[str, object, str], ...] = (
     ("normalization", "LayerNorm", "the HF families mapped here use RMSNorm, which has no biases"),
     ("softmax_type", "learnable", "its learned per-head softmax offsets are not mapped"),
     ("softmax_type", "off-by-one", "the HF families mapped here use a plain softmax"),
+    ("experimental_attention_variant", "gated_delta_net", "its linear-attention layers are not mapped"),
+    ("experimental_attention_variant", "dsa", "its sparse-attention indexer is not mapped"),
+    ("heterogeneous_block_specs", True, "layers of different shapes or replaced blocks are not mapped"),
     (
         "layernorm_zero_centered_gamma",
         True,

@@ -77,16 +77,18 @@ def test_batches_and_sampling_options():
 def test_bad_layout_string_is_a_usage_error():
     result = run("--model", "tiny-gpt", "--src", "tp=2,pp=x", "--dst", "tp=4")
     assert result.exit_code == 2
-    assert result.output.strip() == "error: bad layout 'tp=2,pp=x': pp='x' is not a whole number"
+    assert result.output.strip() == "error: --src: bad layout 'tp=2,pp=x': pp='x' is not a whole number"
 
 
 def test_unknown_model_and_bad_byte_size_are_usage_errors():
     result = run("--model", "gpt-17", "--src", "tp=2", "--dst", "tp=4")
     assert result.exit_code == 2
-    assert result.output.startswith("error: unknown model 'gpt-17': use one of deepseek-v3, llama3-70b")
+    assert result.output.startswith("error: --model: unknown model 'gpt-17': use one of deepseek-v3, ")
     result = run("--model", "tiny-gpt", "--src", "tp=2", "--dst", "tp=4", "--max-batch-bytes", "lots")
     assert result.exit_code == 2
-    assert result.output.strip() == "error: bad byte size 'lots': use e.g. 4096, 64MiB or 1GB"
+    assert result.output.strip() == (
+        "error: --max-batch-bytes: bad byte size 'lots': use e.g. 4096, 64MiB or 1GB"
+    )
 
 
 def test_layout_that_does_not_fit_the_model_is_a_usage_error():
@@ -95,15 +97,28 @@ def test_layout_that_does_not_fit_the_model_is_a_usage_error():
     assert result.output.strip() == "error: 4 experts do not split evenly over ep=3"
 
 
-def test_plan_errors_are_one_line_and_exit_1(tmp_path):
-    shapes = tmp_path / "clash.json"
-    shapes.write_text('{"tensors": [{"name": "w", "shape": [4]}, {"name": "w", "shape": [6]}]}')
-    result = run("--model", str(shapes), "--src", "tp=2", "--dst", "tp=1")
+def test_plan_errors_and_invalid_plans_are_one_line_and_exit_1(monkeypatch):
+    from reshard_core.errors import ReshardError
+    from reshard_core.simulate import run as simulate_run
+
+    real = simulate_run.simulate
+
+    def failing(*args, **kwargs):
+        raise ReshardError("w: source ranks disagree on shape or dtype")
+
+    monkeypatch.setattr(simulate_run, "simulate", failing)
+    result = run("--model", "tiny-gpt", "--src", "tp=2", "--dst", "tp=1")
+    assert result.exit_code == 1 and result.stderr == "error: w: source ranks disagree on shape or dtype\n"
+
+    def invalid(*args, **kwargs):
+        report = real(*args, **kwargs)
+        report.valid, report.problems = False, ["rank 1 never receives w"]
+        return report
+
+    monkeypatch.setattr(simulate_run, "simulate", invalid)
+    result = run("--model", "tiny-gpt", "--src", "tp=2", "--dst", "tp=1")
     assert result.exit_code == 1
-    assert result.output.strip() == (
-        "error: w: source ranks disagree on shape or dtype: shape (4,) bfloat16 on ranks [0] vs "
-        "shape (6,) bfloat16 on ranks [0]"
-    )
+    assert result.stderr == "error: plan is not valid: rank 1 never receives w\n"
 
 
 def test_layouts_have_megatrons_meaning_ep_is_carved_out_of_dp():
@@ -115,7 +130,7 @@ def test_layouts_have_megatrons_meaning_ep_is_carved_out_of_dp():
     result = run("--model", "tiny-gpt", "--src", "ep=2", "--dst", "tp=1")
     assert result.exit_code == 2
     assert result.output.strip() == (
-        "error: bad layout 'ep=2': ep=2 must divide dp=1 (EP is carved out of data parallelism: "
+        "error: --src: bad layout 'ep=2': ep=2 must divide dp=1 (EP is carved out of data parallelism: "
         "world = tp·pp·cp·dp)"
     )
 
@@ -124,7 +139,8 @@ def test_expert_tensor_parallel_times_ep_must_divide_the_dense_grid():
     result = run("--model", "tiny-gpt", "--src", "tp=1,etp=2,ep=2,dp=2", "--dst", "tp=1")
     assert result.exit_code == 2
     assert (
-        result.output.strip() == "error: bad layout 'tp=1,etp=2,ep=2,dp=2': etp·ep=4 must divide tp·cp·dp=2"
+        result.output.strip()
+        == "error: --src: bad layout 'tp=1,etp=2,ep=2,dp=2': etp·ep=4 must divide tp·cp·dp=2"
     )
 
 
@@ -132,13 +148,13 @@ def test_a_tp_size_that_does_not_divide_heads_or_query_groups_is_refused_unless_
     result = run("--model", "tiny-gpt", "--src", "tp=2", "--dst", "tp=4")  # 4 heads, 2 query groups
     assert result.exit_code == 2
     assert result.output.strip() == (
-        "error: bad layout 'tp=4': tp=4 does not divide the model's 2 query groups "
+        "error: --dst: bad layout 'tp=4': tp=4 does not divide the model's 2 query groups "
         "(--allow-uneven plans it anyway)"
     )
     result = run("--model", "llama3-8b", "--src", "tp=3", "--dst", "tp=1", "--sample", "2")
     assert result.exit_code == 2
     assert result.output.strip() == (
-        "error: bad layout 'tp=3': tp=3 does not divide the model's 32 attention heads "
+        "error: --src: bad layout 'tp=3': tp=3 does not divide the model's 32 attention heads "
         "(--allow-uneven plans it anyway)"
     )
     result = run("--model", "tiny-gpt", "--src", "tp=2", "--dst", "tp=4", "--allow-uneven", "--json")
@@ -155,7 +171,7 @@ def test_a_json_shape_file_states_heads_for_the_check(tmp_path):
     result = run("--model", str(shapes), "--src", "tp=2", "--dst", "tp=3")
     assert result.exit_code == 2
     assert result.output.strip() == (
-        "error: bad layout 'tp=2': tp=2 does not divide the model's 3 query groups "
+        "error: --src: bad layout 'tp=2': tp=2 does not divide the model's 3 query groups "
         "(--allow-uneven plans it anyway)"
     )
 

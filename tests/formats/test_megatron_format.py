@@ -294,13 +294,21 @@ REFUSED = [
      "families mapped here use RMSNorm, which has no biases"),
     ("softmax_type", "learnable", "softmax_type='learnable' is not supported by format 'megatron': its "
      "learned per-head softmax offsets are not mapped"),
+    ("softmax_type", "off-by-one", "softmax_type='off-by-one' is not supported by format 'megatron': the HF "
+     "families mapped here use a plain softmax"),
+    ("experimental_attention_variant", "gated_delta_net", "experimental_attention_variant='gated_delta_net' "
+     "is not supported by format 'megatron': its linear-attention layers are not mapped"),
+    ("experimental_attention_variant", "dsa", "experimental_attention_variant='dsa' is not supported by "
+     "format 'megatron': its sparse-attention indexer is not mapped"),
+    ("heterogeneous_block_specs", True, "heterogeneous_block_specs=True is not supported by format "
+     "'megatron': layers of different shapes or replaced blocks are not mapped"),
     ("layernorm_zero_centered_gamma", True, "layernorm_zero_centered_gamma=True is not supported by format "
      "'megatron': its norm weights are stored as w - 1; when the other side stores them so too (Gemma, "
      "Qwen3-Next) pass MegatronFormat(norms_as_stored=True)"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("field", "value", "text"), REFUSED, ids=[r[0] for r in REFUSED])
+@pytest.mark.parametrize(("field", "value", "text"), REFUSED, ids=[f"{r[0]}={r[1]}" for r in REFUSED])
 def test_a_setting_with_no_mapping_is_refused_by_name(field, value, text):
     config = SimpleNamespace(num_attention_heads=8, num_query_groups=2, kv_channels=8, **{field: value})
     with pytest.raises(FormatError) as info:
