@@ -330,8 +330,8 @@ def test_a_non_positive_max_batch_bytes_is_a_reshard_error_naming_the_option(out
 
 def test_cast_converts_an_fp32_source_into_a_bf16_destination_on_the_sender(outcomes):
     refused = (
-        "PlanError: a: source is float32 on ranks [0], destination bfloat16 on ranks [1, 2]; only the "
-        "dtype differs (same shape (8, 4)); pass cast=True to convert on the way (the sender converts)"
+        "PlanError: 2 tensors differ only in dtype, source float32 vs destination bfloat16: a, b; "
+        "pass cast=True to convert on the way (the sender converts)"
     )
     # two 4×4 halves of two tensors leave rank 0 in bf16: 2 bytes an element on the wire
     assert outcomes["cast"] == [

@@ -105,11 +105,13 @@ def test_json_errors_name_the_tensor(tmp_path):
     with pytest.raises(ValueError) as info:
         load_json(bad)
     kinds = "replicated, column, row, strided, vocab"
-    assert str(info.value) == f"{bad}: w: kind 'diagonal' is not one of {kinds}"
+    assert str(info.value) == f"{bad}: tensors[0] (w): key 'kind': \"diagonal\" is not one of {kinds}"
     bad.write_text('{"tensors": [{"name": "w", "shape": [4], "dtype": "float99"}]}')
     with pytest.raises(ValueError) as info:
         load_json(bad)
-    assert str(info.value) == f"{bad}: w: unknown dtype 'float99'"
+    assert str(info.value) == (
+        f"{bad}: tensors[0] (w): key 'dtype': \"float99\" is not a torch dtype name such as bfloat16"
+    )
 
 
 LAYOUT_PAIRS = [
