@@ -1,5 +1,6 @@
 """The ``reshard`` command: builds the typer app from the core commands, optional command modules
-and plugins' ``reshard_register_commands`` hooks, and turns ``ReshardError`` into one line on stderr.
+and plugins' ``reshard_register_commands`` hooks, and turns ``ReshardError`` and click's usage
+errors (an unknown option, a missing one, a value of the wrong type) into one line on stderr.
 
 Exit codes: 0 ok, 1 failure, 2 usage error.
 """
@@ -8,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import click
 import typer
 
 from ..errors import PluginError, ReshardError
 from ..plugins import get_plugin_manager, import_if_present, strict_mode
 from . import doctor_cmd, plugins_cmd
-from .output import EXIT_FAILURE, print_error, print_warning
+from .output import EXIT_FAILURE, EXIT_USAGE, print_error, print_warning
 
 OPTIONAL_COMMAND_MODULES = (
     "reshard_core.cli.plan_cmd",
@@ -62,14 +64,39 @@ def build_app() -> typer.Typer:
     return app
 
 
+try:  # newer typer vendors click; its exceptions derive from TyperException
+    from typer.exceptions import TyperException
+except ImportError:
+    TyperException = ()  # type: ignore[assignment,misc]
+_CLICK_ERRORS = (click.ClickException, click.Abort, TyperException)
+
+
+def _usage_error(exc: Exception) -> int:
+    """Show a click error (usage, missing or bad value, abort) as one line; its exit code."""
+    ctx = getattr(exc, "ctx", None)
+    if type(exc).__name__ == "NoArgsIsHelpError":  # a bare group: its help (vendored click showed it)
+        if not isinstance(exc, TyperException):
+            click.echo(exc.format_message(), err=True)
+        return EXIT_USAGE
+    if not hasattr(exc, "format_message"):  # Abort (Ctrl-C at a prompt)
+        print_error(ReshardError("aborted"))
+        return EXIT_FAILURE
+    where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+    print_error(ReshardError(exc.format_message() + where))
+    return int(getattr(exc, "exit_code", EXIT_USAGE))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the CLI on ``argv`` (default: ``sys.argv[1:]``); always ends in ``SystemExit``."""
     try:
         app = build_app()
-        app(args=list(argv) if argv is not None else None, prog_name="reshard")
+        code = app(args=list(argv) if argv is not None else None, prog_name="reshard", standalone_mode=False)
     except ReshardError as exc:
         print_error(exc)
         raise SystemExit(EXIT_FAILURE) from None
+    except _CLICK_ERRORS as exc:
+        raise SystemExit(_usage_error(exc)) from None
+    raise SystemExit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

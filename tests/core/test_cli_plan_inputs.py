@@ -250,3 +250,24 @@ def test_the_reshard_entry_point_prints_no_traceback(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert info.value.code == 2 and out == ""
     assert err == f"error: {path}: tensors[1] (w): key 'layer': \"0\" is not an integer from -1 to 2\n"
+
+
+CLICK_ERRORS = [
+    (["plan", "--smaple", "3", "--model", "tiny-gpt", *LAYOUT],
+     "error: No such option: --smaple (Possible options: --sample) (see 'reshard plan --help')\n"),
+    (["plan", "--model", "tiny-gpt", "--src", "tp=2"],
+     "error: Missing option '--dst'. (see 'reshard plan --help')\n"),
+    (["plan", "--model", "tiny-gpt", *LAYOUT, "--all-ranks=3"],
+     "error: Option '--all-ranks' does not take a value.\n"),
+    (["nosuch"], "error: No such command 'nosuch'. (see 'reshard --help')\n"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "want"), CLICK_ERRORS, ids=["typo", "missing", "value", "command"])
+def test_errors_click_finds_are_one_line_too(argv, want, capsys):
+    from reshard_core.cli.main import main
+
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    out, err = capsys.readouterr()
+    assert info.value.code == 2 and out == "" and err == want
