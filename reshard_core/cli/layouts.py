@@ -6,7 +6,8 @@ expert grid ``etp·ep·edp`` fills ``tp·cp·dp``, so ``etp·ep`` must divide it
 ``Parallel`` counts ``ep`` as a factor of its own, so ``parse_cli_layout`` hands it ``dp / ep``.
 
 ``check_fits`` refuses a layout the model cannot be built in: a TP size that does not divide the
-attention heads or the query groups (Megatron asserts both), unless the caller allows it.
+attention heads, or that neither divides nor is a multiple of the query groups (Megatron asserts
+both), unless the caller allows it.
 """
 
 from __future__ import annotations
@@ -43,11 +44,17 @@ def megatron_text(par: Parallel) -> str:
 
 
 def check_fits(model: ModelShapes, text: str, par: Parallel) -> None:
-    """``ValueError`` when ``par``'s TP size does not divide ``model``'s attention heads or query
-    groups (each checked only when the model states it)."""
-    for count, what in ((model.heads, "attention heads"), (model.kv_groups, "query groups")):
-        if count is not None and count % par.tp:
-            raise ValueError(
-                f"bad layout {text!r}: tp={par.tp} does not divide the model's {count} {what} "
-                "(--allow-uneven plans it anyway)"
-            )
+    """``ValueError`` when ``par``'s TP size does not divide ``model``'s attention heads, or neither
+    divides nor is a multiple of its query groups (Megatron-Core lays out TP > query groups by
+    splitting each group's fused rows over TP / groups ranks); each checked when the model states it."""
+    heads, groups = model.heads, model.kv_groups
+    if heads is not None and heads % par.tp:
+        raise ValueError(
+            f"bad layout {text!r}: tp={par.tp} does not divide the model's {heads} attention heads "
+            "(--allow-uneven plans it anyway)"
+        )
+    if groups is not None and groups % par.tp and par.tp % groups:
+        raise ValueError(
+            f"bad layout {text!r}: tp={par.tp} neither divides nor is a multiple of the model's {groups} "
+            "query groups (--allow-uneven plans it anyway)"
+        )

@@ -145,10 +145,10 @@ def test_expert_tensor_parallel_times_ep_must_divide_the_dense_grid():
 
 
 def test_a_tp_size_that_does_not_divide_heads_or_query_groups_is_refused_unless_allowed():
-    result = run("--model", "tiny-gpt", "--src", "tp=2", "--dst", "tp=4")  # 4 heads, 2 query groups
+    result = run("--model", "tiny-gpt", "--src", "tp=4", "--dst", "tp=3")  # 4 heads, 2 query groups
     assert result.exit_code == 2
     assert result.output.strip() == (
-        "error: --dst: bad layout 'tp=4': tp=4 does not divide the model's 2 query groups "
+        "error: --dst: bad layout 'tp=3': tp=3 does not divide the model's 4 attention heads "
         "(--allow-uneven plans it anyway)"
     )
     result = run("--model", "llama3-8b", "--src", "tp=3", "--dst", "tp=1", "--sample", "2")
@@ -157,9 +157,23 @@ def test_a_tp_size_that_does_not_divide_heads_or_query_groups_is_refused_unless_
         "error: --src: bad layout 'tp=3': tp=3 does not divide the model's 32 attention heads "
         "(--allow-uneven plans it anyway)"
     )
-    result = run("--model", "tiny-gpt", "--src", "tp=2", "--dst", "tp=4", "--allow-uneven", "--json")
+    result = run("--model", "tiny-gpt", "--src", "tp=2", "--dst", "tp=3", "--allow-uneven", "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["valid"] is True
+
+
+def test_tp_a_multiple_of_the_query_groups_is_planned_as_megatron_lays_it_out():
+    # llama3-8b: 8 query groups; TP16 splits each group's fused q/k/v rows over 2 ranks
+    cases = [
+        ("--src", "tp=16", "--dst", "tp=16"),
+        ("--src", "tp=16", "--dst", "fsdp=16", "--dst-format", "hf"),
+        ("--src", "tp=16", "--dst", "tp=16", "--dst-format", "vllm"),
+        ("--src", "fsdp=8", "--src-format", "hf", "--dst", "tp=16"),
+    ]
+    for flags in cases:
+        result = run("--model", "llama3-8b", *flags, "--json")
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["valid"] is True
 
 
 def test_a_json_shape_file_states_heads_for_the_check(tmp_path):
@@ -171,8 +185,8 @@ def test_a_json_shape_file_states_heads_for_the_check(tmp_path):
     result = run("--model", str(shapes), "--src", "tp=2", "--dst", "tp=3")
     assert result.exit_code == 2
     assert result.output.strip() == (
-        "error: --src: bad layout 'tp=2': tp=2 does not divide the model's 3 query groups "
-        "(--allow-uneven plans it anyway)"
+        "error: --src: bad layout 'tp=2': tp=2 neither divides nor is a multiple of the model's 3 query "
+        "groups (--allow-uneven plans it anyway)"
     )
 
 

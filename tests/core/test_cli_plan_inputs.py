@@ -114,7 +114,7 @@ BAD_FLAGS = [
     (("--src", "tp=2", "--dst", "tq=2"), "--dst"),
     (("--src", "tp=2", "--dst", "tp=0"), "--dst"),
     (("--src", "ep=2", "--dst", "tp=1"), "--src"),
-    (("--src", "tp=2", "--dst", "tp=4"), "--dst"),  # tiny-gpt's 2 query groups
+    (("--src", "tp=2", "--dst", "tp=8"), "--dst"),  # tiny-gpt's 4 heads
     (("--src-format", "nonsense", *LAYOUT), "--src-format"),
     (("--dst-format", "MEGATRON", *LAYOUT), "--dst-format"),
     (("--dst-format", "", *LAYOUT), "--dst-format"),
