@@ -34,15 +34,24 @@ _VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
 
 
 def logical_hint(message: str) -> str:
-    """What to add to a plan error of a refit across formats: logical vocab tensors whose sizes
-    differ are most often a padded vocab whose format was not told the real size ("" otherwise)."""
-    if not (message.startswith(tuple(f"{n}: source" for n in _VOCAB)) and " but destination " in message):
-        return ""
-    return (
-        "; if one side pads its vocab (Megatron pads it to a multiple of make_vocab_size_divisible_by·TP), "
-        "give its format the real size, e.g. src_format=MegatronFormat(vocab_size=V) "
-        "(from reshard_core.formats.megatron)"
-    )
+    """What to add to a plan error of a refit across formats ("" when nothing applies): logical
+    vocab tensors whose sizes differ are most often a padded vocab whose format was not told the
+    real size; shared experts under one family's names but not the other's are a Megatron gate
+    setting that does not match the HF family."""
+    if message.startswith(tuple(f"{n}: source" for n in _VOCAB)) and " but destination " in message:
+        return (
+            "; if one side pads its vocab (Megatron pads it to a multiple of "
+            "make_vocab_size_divisible_by·TP), give its format the real size, e.g. "
+            "src_format=MegatronFormat(vocab_size=V) "
+            "(from reshard_core.formats.megatron)"
+        )
+    if ".mlp.shared_experts." in message and ".mlp.shared_expert." in message:
+        return (
+            "; Megatron names gated shared experts (moe_shared_expert_gate=True) like Qwen2-MoE "
+            "(mlp.shared_expert.*, mlp.shared_expert_gate.weight) and ungated ones like DeepSeek-V3 "
+            "(mlp.shared_experts.*): the two models' shared experts differ"
+        )
+    return ""
 
 
 def format_code(fmt: ModelFormat | None) -> int:

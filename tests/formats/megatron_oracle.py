@@ -12,7 +12,8 @@ chunks need nothing more. ``full`` holds transformers 5's in-memory tensors (MoE
 
 ``rotary_interleaved=True``: Megatron rotates adjacent pairs ``(x_2j, x_2j+1)`` with frequency j
 (``rope_utils._rotate_half``), HF Llama rotates ``(x_j, x_j+h/2)``; so within every q and k head
-Megatron row ``2j`` is HF row ``j`` and row ``2j+1`` is HF row ``h/2 + j`` (v rows unchanged).
+Megatron row ``2j`` is HF row ``j`` and row ``2j+1`` is HF row ``h/2 + j``; q/k norm weights (over
+the head dim) are permuted alike, v rows are not.
 
 Shared experts: ``mlp.shared_experts.linear_fc1`` / ``linear_fc2`` (split like the dense fc1 / fc2
 over TP) and the gate ``mlp.shared_experts.gate_weight [1, H]`` (replicated) come from Qwen2-MoE's
@@ -27,7 +28,7 @@ import zlib
 
 import torch
 
-_ROTATED = re.compile(r"self_attn\.[qk]_proj\.(weight|bias)$")
+_ROTATED = re.compile(r"self_attn\.([qk]_proj\.(weight|bias)|[qk]_norm\.weight)$")
 
 
 def hf_values(model: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
@@ -102,10 +103,15 @@ def _piece(model, name, full, nh, ng, h, padded, tied, pad, tp_at, etp_at):
         qwen2 = hf + "mlp.shared_expert.gate_proj.weight" in full
         ffn = "mlp.shared_expert." if qwen2 else "mlp.shared_experts."
         what = "mlp." + what.removeprefix("mlp.shared_experts.")
-    if what == "mlp.linear_fc1.weight":
-        return torch.cat([rows(full[hf + ffn + "gate_proj.weight"]), rows(full[hf + ffn + "up_proj.weight"])])
+    if what in ("mlp.linear_fc1.weight", "mlp.linear_fc1.bias"):
+        kind = what.rsplit(".", 1)[1]
+        return torch.cat(
+            [rows(full[hf + ffn + f"gate_proj.{kind}"]), rows(full[hf + ffn + f"up_proj.{kind}"])]
+        )
     if what == "mlp.linear_fc2.weight":
         return cols(full[hf + ffn + "down_proj.weight"])
+    if what == "mlp.linear_fc2.bias":  # row-parallel: added once after the reduction, whole on every rank
+        return full[hf + ffn + "down_proj.bias"]
     if what.startswith("mlp.experts.local_experts."):
         _, _, _, j, fc, _ = what.split(".")
         e = layer.mlp.local_expert_indices[int(j)]
@@ -117,6 +123,7 @@ def _piece(model, name, full, nh, ng, h, padded, tied, pad, tp_at, etp_at):
         return full[hf + "mlp.experts.down_proj"][e].chunk(etp, dim=1)[es]
     simple = {
         "self_attention.linear_proj.weight": (cols, "self_attn.o_proj.weight"),
+        "self_attention.linear_proj.bias": (None, "self_attn.o_proj.bias"),
         "input_layernorm.weight": (None, "input_layernorm.weight"),
         "pre_mlp_layernorm.weight": (None, "post_attention_layernorm.weight"),
         "self_attention.q_layernorm.weight": (None, "self_attn.q_norm.weight"),
