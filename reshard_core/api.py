@@ -23,8 +23,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .errors import PlanError, ReshardError, TransportError
-from .exchange import bounded, exchange_layouts
+from .errors import PlanError, ReshardError
+from .exchange import bounded, exchange_layouts, failures
 from .exchange.options import check_options, option_digests
 from .exchange.verdict import Problems, raise_if_any
 from .execute.executor import execute_plan
@@ -33,6 +33,7 @@ from .execute.pool import StagingPool
 from .execute.stats import ExecStats
 from .extract import ExtractContext, extract_specs, iter_tensors
 from .extract.destinations import destination_problems
+from .extract.freshness import source_refreshers
 from .formats import ModelFormat, resolve_format
 from .formats.sides import FormatChoice, agreed_formats, format_code, logical_hint, logical_side
 from .plan.cache import cached_plan_rank, clear_plan_cache
@@ -99,8 +100,9 @@ class Session:
     memo: ExecMemo = field(default_factory=ExecMemo)
     """Reused by every execution of this session (its tensors are fixed; a change rebuilds it)."""
     refreshers: list[Any] = field(default_factory=list)
-    """Source ``spec.source`` objects with a ``refresh_source()`` method: called before every execution so
-    a source tensor derived from live data (e.g. a dequantized copy of a quantized param) is never stale."""
+    """Objects with a ``refresh_source()`` method, called before every execution so no source is
+    stale: finishers of Megatron's deferred parameter all-gathers (``extract.freshness``), then
+    source specs derived from live data (e.g. a dequantized copy of a quantized param)."""
     models: tuple[weakref.ref, ...] = ()
     """The source modules, then the destination modules, it was built for (weakly held)."""
     signature: tuple = ()
@@ -112,6 +114,8 @@ class Session:
     """Each module of its models, with (weak references to) the children it held."""
     cast: bool = False
     """Prepared with ``cast=True``: its plan may convert dtypes, so every execution casts."""
+    group: Any = None
+    """The ``group`` it was prepared over (its peers' failures are read from that group's store)."""
 
     def refit(self, *, cast: bool = False) -> RefitReport:
         """Run this prepared refit again: the fast path for a loop that calls ``prepare`` once.
@@ -127,13 +131,15 @@ class Session:
         ``refit``) again for a fresh one. Collective with every peer of the plan.
         """
         start = time.perf_counter()
-        problem = self._changed()
-        if problem is not None:
-            raise ReshardError(
-                f"rank {self.plan.rank}: the prepared session no longer fits its models ({problem}); "
-                "call reshard_core.prepare() again on every rank"
-            )
-        return _report(self, self._execute(cast or self.cast), True, time.perf_counter() - start)
+        with failures.watched(self.group):
+            self._refresh()  # first: Megatron's all-gathers are collective even where a model changed
+            problem = self._changed()
+            if problem is not None:
+                raise ReshardError(
+                    f"rank {self.plan.rank}: the prepared session no longer fits its models ({problem}); "
+                    "call reshard_core.prepare() again on every rank"
+                )
+            return _report(self, self._execute(cast or self.cast), True, time.perf_counter() - start)
 
     def built_for(self, src: Model, dst: Model, signature: tuple) -> bool:
         """True when ``src``/``dst`` are the very objects this session was built for, unchanged."""
@@ -155,19 +161,23 @@ class Session:
                 return "a tensor was replaced, reshaped, moved or re-laid out"
         return None
 
-    def _execute(self, cast: bool) -> ExecStats:
-        """Run the plan once. A ``TransportError`` (every error from inside the transport is one, see
-        ``execute_plan``) forgets the transport: it is closed and dropped from the cache with every
-        session using it, so the next ``refit`` builds a fresh one (its peers' state is unknown)."""
-        with torch.no_grad():  # destinations are usually leaf Parameters that require grad
+    def _refresh(self) -> None:
+        """Bring every source up to date (``refreshers``) before an execution."""
+        with torch.no_grad():
             for source in self.refreshers:
                 source.refresh_source()
+
+    def _execute(self, cast: bool) -> ExecStats:
+        """Run the plan once. Any error (a ``TransportError`` from inside the transport, a transform
+        that raised) forgets the transport: it is closed and dropped from the cache with every
+        session using it, so the next ``refit`` builds a fresh one (its peers' state is unknown)."""
+        with torch.no_grad():  # destinations are usually leaf Parameters that require grad
             try:
                 return execute_plan(
                     self.plan, self.src_tensors, self.dst_tensors, self.transport,
                     transform=self.transforms or None, cast=cast, pool=self.pool, memo=self.memo,
                 )  # fmt: skip
-            except TransportError:
+            except Exception:
                 _forget_transport(self.transport)
                 raise
 
@@ -246,13 +256,15 @@ def prepare(
     options = _Options(
         transport, group, transform, max_batch_bytes, ignore, tied, timeout, src_format, dst_format, cast
     )
-    return _session(src, dst, options)[0]
+    with failures.watched(group):
+        return _session(src, dst, options)[0]
 
 
 def _session(src: Model, dst: Model, options: _Options) -> tuple[Session, bool]:
     """``(session, reused)``: the cached session when every rank agrees it is still valid."""
+    _check_models(src, dst)
     key = options.key(src, dst)
-    signature = (_model_signature(src), _model_signature(dst))
+    signature = (_model_signature(src, "source"), _model_signature(dst, "destination"))
     cached = _sessions.get(key)
     valid = cached is not None and cached.session.built_for(src, dst, signature)
     formats = (resolve_format(src, options.src_format), resolve_format(dst, options.dst_format))
@@ -298,7 +310,8 @@ def refit(
     differs from its destination's (e.g. an fp32 trainer's router ``expert_bias`` into a bf16 engine):
     the plan carries the destination dtype and the sender converts while packing, so only
     destination-dtype bytes cross the transport (every rank must pass the same ``cast``).
-    A failing or vanished peer makes every rank raise ``TransportError`` within ``timeout`` seconds.
+    A failing or vanished peer makes every rank raise ``TransportError`` within ``timeout`` seconds;
+    a peer that raised an error of its own is named with that error as soon as it published it.
 
     Models in different formats (a Megatron-Core ``GPTModel`` and a transformers model, an HF model
     and an engine's fused, padded parameters) are refit through the logical (HF checkpoint) space:
@@ -311,8 +324,10 @@ def refit(
     options = _Options(
         transport, group, transform, max_batch_bytes, ignore, tied, timeout, src_format, dst_format, cast
     )
-    session, reused = _session(src, dst, options)
-    return _report(session, session._execute(cast or session.cast), reused, time.perf_counter() - start)
+    with failures.watched(group):
+        session, reused = _session(src, dst, options)
+        session._refresh()
+        return _report(session, session._execute(cast or session.cast), reused, time.perf_counter() - start)
 
 
 def clear_caches() -> None:
@@ -374,6 +389,7 @@ def _build(src: Model, dst: Model, sides: tuple, options: _Options, choice: Form
     problems = Problems()
     src_specs, dst_specs, padding = [], [], []
     try:
+        syncs = source_refreshers(src)  # deferred param all-gathers: finished before other refreshers
         src_specs, _ = _describe(src, "src", view, sides[0], choice, o.ignore, problems)
         dst_specs, padding = _describe(dst, "dst", view, sides[1], choice, o.ignore, problems)
     except ReshardError as exc:
@@ -416,8 +432,9 @@ def _build(src: Model, dst: Model, sides: tuple, options: _Options, choice: Form
         transforms=transforms,
         metadata_bytes=exchange_stats.bytes,
         seconds=seconds,
-        refreshers=[spec.source for spec in src_specs if hasattr(spec.source, "refresh_source")],
+        refreshers=[*syncs, *(spec.source for spec in src_specs if hasattr(spec.source, "refresh_source"))],
         cast=o.cast,
+        group=group,
     )
 
 
@@ -486,6 +503,17 @@ def forget_group(key) -> None:
                 pass
 
 
+def _check_models(src: Model, dst: Model) -> None:
+    """``ReshardError`` unless each model is a module, a list of modules (pipeline chunks) or None."""
+    for word, model in (("source", src), ("destination", dst)):
+        for m in _modules(model):
+            if not isinstance(m, torch.nn.Module):
+                raise ReshardError(
+                    f"the {word} model must be a torch.nn.Module, a list of them (pipeline chunks) or "
+                    f"None, not {type(m).__name__}"
+                )
+
+
 def _modules(model: Model) -> list[Any]:
     """The objects a model argument consists of (the modules of a list of chunks)."""
     if model is None:
@@ -507,9 +535,19 @@ def _remember(key: tuple, src: Model, dst: Model, signature: tuple, session: Ses
     _sessions[key] = _Cached(session, finalizers)
 
 
-def _model_signature(model: Model) -> tuple:
-    """What a cached session depends on locally: every tensor's name and ``_fingerprint``."""
-    return tuple((name, _fingerprint(t)) for root in _modules(model) for name, t, _ in iter_tensors(root))
+def _model_signature(model: Model, word: str) -> tuple:
+    """What a cached session depends on locally: every tensor's name and ``_fingerprint``.
+    ``ReshardError`` for a lazy module's uninitialized tensor (``word`` names the side)."""
+    out = []
+    for root in _modules(model):
+        for name, t, _ in iter_tensors(root):
+            if isinstance(t, torch.nn.parameter.UninitializedTensorMixin):
+                raise ReshardError(
+                    f"the {word} model's tensor {name} is uninitialized (a lazy module's parameter): run "
+                    "a forward (or initialize it) before refitting"
+                )
+            out.append((name, _fingerprint(t)))
+    return tuple(out)
 
 
 _PLAN_ATTRS = (

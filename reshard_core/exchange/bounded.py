@@ -2,11 +2,12 @@
 
 Without a bound, a rank that failed on its own, exited or stalled before a pre-execution collective
 leaves every peer waiting until the process-group timeout (30 minutes by default). ``wait`` waits
-for an ``async_op`` collective at most ``timeout`` seconds and then raises ``TransportError``. To
-name the ranks that never joined, each rank that timed out marks itself in the group's store (the
-default store, or a ``TransferGroup``'s) under a per-group sequence number and, after a short
-grace, lists the ranks that did not (a stalled rank never marks itself; only the failure path
-touches the store).
+for an ``async_op`` collective at most ``timeout`` seconds and then raises ``TransportError``; a
+peer that failed with an error of its own and published it (``failures``) ends the wait at once,
+with that error. To name the ranks that never joined, a rank still waiting after the first tick
+marks itself in the group's store (the default store, or a ``TransferGroup``'s) under a per-group
+sequence number; at the deadline the unmarked ranks are the ones that never came (a stalled rank
+never marks itself). Waits that finish within the first tick never touch the store.
 """
 
 from __future__ import annotations
@@ -18,25 +19,31 @@ from typing import Any
 from ..errors import TransportError
 from ..plan.describe import format_ranks
 from ..refit_group import RefitGroup, view_of
+from . import failures
 
 _sequence: dict[object, int] = {}
-_GRACE = 2.0
+_GRACE = 0.25  # seconds for marks of ranks that joined just before the deadline to land
 
 
 def wait(work: Any, timeout: float | None, group: Any, what: str) -> None:
     """Wait for ``work`` (a collective over ``group``, started with ``async_op=True``); raise
-    ``TransportError`` naming ``what`` and, when it can be told, the ranks that did not join."""
+    ``TransportError`` naming ``what`` and, when it can be told, the ranks that did not join, or
+    ``PeerFailed`` with a peer's own error."""
     view = view_of(group)
     ranks = view.ranks
     seq = _sequence[view.key] = _sequence.get(view.key, 0) + 1
+    prefix = f"reshard/joined/{','.join(map(str, ranks[:8]))}/{len(ranks)}/{seq}/"
+
+    def block() -> None:
+        work.wait() if timeout is None else work.wait(datetime.timedelta(seconds=timeout))
+
     try:
-        if timeout is None:
-            work.wait()
-        else:
-            work.wait(datetime.timedelta(seconds=timeout))
+        failures.wait_for(block, group, what, on_slow=lambda: _mark(view, prefix))
+    except failures.PeerFailed:
+        raise
     except Exception as exc:
         within = f" within {timeout:g} s" if timeout is not None else ""
-        missing = _missing(view, seq, timeout) if timeout is not None else None
+        missing = _missing(view, prefix, timeout) if timeout is not None else None
         who = (
             f"rank{'s' if len(missing) > 1 else ''} {format_ranks(missing)} of {format_ranks(ranks)} "
             f"did not join{within}"
@@ -48,19 +55,25 @@ def wait(work: Any, timeout: float | None, group: Any, what: str) -> None:
         ) from exc
 
 
-def _missing(view: RefitGroup, seq: int, timeout: float) -> list[int] | None:
-    """The ranks that did not mark themselves within a grace period, or None without a store."""
+def _mark(view: RefitGroup, prefix: str) -> None:
+    try:
+        view.store().set(prefix + str(view.rank), b"1")
+    except Exception:  # no store: the error says only that someone is missing
+        pass
+
+
+def _missing(view: RefitGroup, prefix: str, timeout: float) -> list[int] | None:
+    """The ranks that did not mark themselves (within a short grace), or None without a store."""
     ranks = view.ranks
     try:
         store = view.store()
-        prefix = f"reshard/joined/{','.join(map(str, ranks[:8]))}/{len(ranks)}/{seq}/"
         store.set(prefix + str(view.rank), b"1")
         deadline = time.monotonic() + min(timeout, _GRACE)
         while True:
             missing = [r for r in ranks if not store.check([prefix + str(r)])]
             if not missing or time.monotonic() > deadline:
                 return missing
-            time.sleep(0.05)
+            time.sleep(0.02)
     except Exception:  # no default store (or it failed): say only that someone is missing
         return None
 

@@ -39,10 +39,9 @@ def extract_specs(
     origin: dict[str, str] = {}
     for root in _roots(model):
         for qualname, tensor, owner in iter_tensors(root):
+            call = dict(qualname=qualname, tensor=tensor, owner=owner, model=root, side=side, context=ctx)
             try:
-                found = hook(
-                    qualname=qualname, tensor=tensor, owner=owner, model=root, side=side, context=ctx
-                )
+                found = hook(**call)
             except ExtractError:
                 raise
             except Exception as exc:  # a plugin's bug: one error naming it, raised on every rank
@@ -54,6 +53,11 @@ def extract_specs(
                 raise ExtractError(
                     f"no extractor claimed {side} tensor '{qualname}' of type {type(tensor).__name__}; "
                     f"install a plugin for it or declare its layout with reshard_core.declare_layout"
+                )
+            if not isinstance(found, list) or not all(isinstance(s, TensorSpec) for s in found):
+                raise ExtractError(
+                    f"the reshard_extract_tensor hook of plugin '{_answering(hook, call)}' returned "
+                    f"{type(found).__name__} for {side} tensor '{qualname}', not a list of TensorSpec"
                 )
             for spec in _checked(found, qualname, ctx):
                 if spec.meta.name in origin:
@@ -104,11 +108,15 @@ def _roots(model) -> list[torch.nn.Module]:
     return roots
 
 
-def _checked(found: Any, qualname: str, ctx: ExtractContext) -> list[TensorSpec]:
-    if not isinstance(found, list) or not all(isinstance(s, TensorSpec) for s in found):
-        raise ExtractError(
-            f"an extractor returned {type(found).__name__} for '{qualname}', not a list of TensorSpec"
-        )
+def _answering(hook: Any, call: dict[str, Any]) -> str:
+    """The plugin whose implementation answers ``call`` first (asked again, on the failure path)."""
+    for impl in reversed(hook.get_hookimpls()):
+        if impl.function(**{arg: call[arg] for arg in impl.argnames}) is not None:
+            return impl.plugin_name
+    return "?"
+
+
+def _checked(found: list[TensorSpec], qualname: str, ctx: ExtractContext) -> list[TensorSpec]:
     for spec in found:
         expected = spec.layout.local_shape(spec.meta.shape, ctx.rank)
         if expected is None:

@@ -18,7 +18,8 @@ Failure: a round that does not finish within ``timeout`` seconds, or whose peer 
 unfinished op. The backend is then told to give up on the unfinished ops (Gloo closes those pairs, so
 the peers fail at once instead of waiting out their own timeout; NCCL aborts the communicator), and
 the group must be treated as broken. Buffers of a failed round stay referenced for the life of the
-process, because a backend may still write into them.
+process, because a backend may still write into them. A transport that ``reads_failure_board`` ends
+a round early, with ``PeerFailed``, when a peer published its own error during the refit.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import TransportError
+from ..exchange import failures
 from ..refit_group import view_of
 from ..transfer_group import TransferGroup
 from .copy_service import CopyService
@@ -136,6 +138,10 @@ class P2PCopyService(CopyService):
     """
 
     backend: ClassVar[str] = ""
+    reads_failure_board: ClassVar[bool] = False
+    """Wait on a helper thread and end a round as soon as a peer publishes its own error
+    (``reshard_core.exchange.failures``). For backends whose waits need no calling-thread state
+    (Gloo); a CUDA backend's wait orders the calling thread's stream, so NCCL waits in place."""
 
     def __init__(self, group: dist.ProcessGroup | None = None, *, timeout: float | None = None):
         if not isinstance(group, TransferGroup) and not (dist.is_available() and dist.is_initialized()):
@@ -217,11 +223,23 @@ class P2PCopyService(CopyService):
 
     def _complete(self, flight: InFlight) -> None:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        for index, issued in enumerate(flight.issued):
+
+        def wait_all() -> None:
+            for index, issued in enumerate(flight.issued):
+                try:
+                    self._wait_issued(issued, deadline)
+                except Exception as exc:
+                    self._fail(flight, index, exc)
+
+        if not self.reads_failure_board:
+            wait_all()
+        else:
             try:
-                self._wait_issued(issued, deadline)
-            except Exception as exc:
-                self._fail(flight, index, exc)
+                failures.wait_for(wait_all, self.group, lambda: f"{self.name}: {list_ops(flight.ops)}")
+            except failures.PeerFailed:
+                _ABANDONED.append(flight)  # the helper thread still waits on it, until its deadline
+                self._owns_comm = False  # closing would block on that wait: the comm is left to the process
+                raise
         self._finish(flight.ops)
 
     def _fail(self, flight: InFlight, index: int, exc: BaseException) -> None:

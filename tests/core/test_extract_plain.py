@@ -213,7 +213,10 @@ def rogue_plugin():
 def test_plugin_results_are_checked(rogue_plugin):
     with pytest.raises(ExtractError) as info:
         extract_specs(nn.Linear(2, 2), "src")
-    assert str(info.value) == "an extractor returned str for 'weight', not a list of TensorSpec"
+    assert str(info.value) == (
+        "the reshard_extract_tensor hook of plugin 'test-extract-rogue' returned str for src tensor "
+        "'weight', not a list of TensorSpec"
+    )
     net = nn.Module()
     net.register_buffer("bias", torch.zeros(2))
     with pytest.raises(ExtractError) as info:

@@ -36,6 +36,7 @@ class GlooCopyService(P2PCopyService):
     one_sided = False
     independent_rounds = True
     backend = "gloo"
+    reads_failure_board = True
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
