@@ -94,3 +94,53 @@ def edge_tensor(dtype: torch.dtype, blocks_per_row: int = 3, seed: int = 0) -> t
         blocks.append(torch.randn(32, generator=g, dtype=torch.float64).tolist())
     flat = torch.tensor([v for b in blocks for v in b], dtype=torch.float64)
     return flat.to(dtype).view(-1, 32 * blocks_per_row)
+
+
+NAN_BITS = {
+    torch.float32: [
+        0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001, 0x7FFFFFFF, 0xFFFFFFFF, 0x7FA5A5A5, 0xFFD00BAD
+    ],
+    torch.bfloat16: [0x7FC0, 0xFFC0, 0x7F81, 0xFF81, 0x7FFF, 0xFFFF, 0x7FA5, 0xFFD0],
+    torch.float16: [0x7E00, 0xFE00, 0x7C01, 0xFC01, 0x7FFF, 0xFFFF, 0x7D55, 0xFE77],
+}
+"""Quiet and signalling NaNs of both signs with different payloads, as raw bits of each dtype."""
+
+
+def nan_case(dtype: torch.dtype, columnwise: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(x, data, valid_scale)``: four blocks holding ``NAN_BITS`` and their exact MXFP8 bytes (TE's rule).
+
+    NaN is left out of the amax and every NaN element is byte 0x7F. Blocks: NaNs with 256, 1, -1 (amax 256:
+    scale 127, data 0x78, 0x38, 0xB8); NaNs only (scale 0x00); NaNs with +inf and -inf (scale 0xFE, data
+    ±448 = 0x7E/0xFE, 1.0 underflows to 0); finite values between NaNs (NaN at odd and even positions).
+    Rowwise the blocks are the rows of a ``[4, 32]`` tensor; columnwise the first 4 columns of ``[32, 32]``.
+    """
+    nans = from_bits(NAN_BITS[dtype], dtype)
+    n = nans.numel()
+    blocks = torch.zeros(4, 32, dtype=dtype)
+    data = torch.zeros(4, 32, dtype=torch.uint8)
+    blocks[0, :n] = nans
+    blocks[0, n : n + 3] = torch.tensor([256.0, 1.0, -1.0])
+    data[0, :n] = 0x7F
+    data[0, n : n + 3] = torch.tensor([0x78, 0x38, 0xB8])
+    blocks[1] = nans.repeat(32 // n)
+    data[1] = 0x7F
+    blocks[2, :n] = nans
+    blocks[2, n : n + 3] = torch.tensor([math.inf, -math.inf, 1.0])
+    data[2, :n] = 0x7F
+    data[2, n : n + 2] = torch.tensor([0x7E, 0xFE])
+    blocks[3, 1 : 2 * n : 2] = nans  # odd positions
+    blocks[3, 2 * n] = nans[1]  # an even position
+    blocks[3, 0 : 2 * n : 2] = torch.tensor([-256.0, *[1.0] * (n - 1)])
+    data[3, 1 : 2 * n : 2] = 0x7F
+    data[3, 2 * n] = 0x7F
+    data[3, 0 : 2 * n : 2] = torch.tensor([0xF8, *[0x38] * (n - 1)])
+    scale = torch.tensor([127, 0x00, 0xFE, 127], dtype=torch.uint8)
+    if not columnwise:
+        return blocks, data, scale.view(4, 1)
+    x = torch.zeros(32, 32, dtype=dtype)
+    x[:, :4] = blocks.t()
+    full_data = torch.zeros(32, 32, dtype=torch.uint8)
+    full_data[:, :4] = data.t()
+    full_scale = torch.zeros(1, 32, dtype=torch.uint8)
+    full_scale[0, :4] = scale
+    return x, full_data, full_scale

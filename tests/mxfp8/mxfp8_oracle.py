@@ -81,10 +81,14 @@ def e4m3_value(byte: int) -> float:
     return -v if byte & 0x80 else v
 
 
-def to_e4m3(y: float, nan_negative: bool = False) -> int:
-    """Saturating round-to-nearest-even E4M3 byte of the fp32 value ``y``; NaN → 0x7F with its sign."""
+def to_e4m3(y: float) -> int:
+    """Saturating round-to-nearest-even E4M3 byte of the fp32 value ``y``; any NaN → 0x7F.
+
+    0x7F for every NaN is what TE gives: CUDA's fp32 multiply before the cvt returns the canonical
+    NaN 0x7FFFFFFF, and ``__nv_cvt_float_to_fp8`` canonicalizes NaN input too.
+    """
     if math.isnan(y):
-        return 0xFF if nan_negative else 0x7F
+        return 0x7F
     sign = 0x80 if math.copysign(1.0, y) < 0 else 0
     a = abs(y)
     if a >= E4M3_VALUES[-1]:
@@ -98,14 +102,7 @@ def to_e4m3(y: float, nan_negative: bool = False) -> int:
     return sign | code
 
 
-def _nan_sign(x: torch.Tensor) -> list[bool]:
-    flat = x.contiguous().reshape(-1)
-    if x.dtype == torch.float32:
-        return [b < 0 for b in flat.view(torch.int32).tolist()]
-    return [b < 0 for b in flat.view(torch.int16).tolist()]
-
-
-def quantize_block(vals: list[float], negs: list[bool]) -> tuple[list[int], int]:
+def quantize_block(vals: list[float]) -> tuple[list[int], int]:
     """E4M3 bytes and E8M0 byte of one 32-element block, by TE's rule."""
     amax = 0.0
     for v in vals:
@@ -114,8 +111,8 @@ def quantize_block(vals: list[float], negs: list[bool]) -> tuple[list[int], int]
     e = float_to_e8m0(f32(amax * RCP_448))
     mult = math.nan if e == 0xFF else math.ldexp(1.0, 127 - e)  # exp2f_rcp: e==254 is 2^-127
     out = []
-    for v, neg in zip(vals, negs, strict=True):
-        out.append(to_e4m3(v if math.isnan(v) else f32(v * mult), nan_negative=neg))
+    for v in vals:
+        out.append(to_e4m3(f32(v * mult)))
     return out, e
 
 
@@ -124,14 +121,13 @@ def quantize(x: torch.Tensor, columnwise: bool = False) -> tuple[torch.Tensor, t
     k = x.shape[-1]
     m = x.numel() // k
     vals = element_values(x)
-    negs = _nan_sign(x)
     data = [0] * (m * k)
     if columnwise:
         scale = [[0] * k for _ in range(m // 32)]
         for b in range(m // 32):
             for c in range(k):
                 idx = [(b * 32 + i) * k + c for i in range(32)]
-                q, e = quantize_block([vals[i] for i in idx], [negs[i] for i in idx])
+                q, e = quantize_block([vals[i] for i in idx])
                 scale[b][c] = e
                 for i, byte in zip(idx, q, strict=True):
                     data[i] = byte
@@ -140,7 +136,7 @@ def quantize(x: torch.Tensor, columnwise: bool = False) -> tuple[torch.Tensor, t
         for r in range(m):
             for b in range(k // 32):
                 start = r * k + b * 32
-                q, e = quantize_block(vals[start : start + 32], negs[start : start + 32])
+                q, e = quantize_block(vals[start : start + 32])
                 scale[r][b] = e
                 data[start : start + 32] = q
     data_t = torch.tensor(data, dtype=torch.uint8).view(m, k)

@@ -8,7 +8,7 @@ import mxfp8_oracle as oracle
 import pytest
 import reshard_mxfp8 as mx
 import torch
-from mxfp8_cases import edge_tensor, random_tensor
+from mxfp8_cases import edge_tensor, nan_case, random_tensor
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
@@ -83,11 +83,18 @@ def test_special_blocks() -> None:
     assert not data[2].any() and (data[3] == 0x7F).all()
 
 
-def test_nan_keeps_its_sign_bit() -> None:
-    x = torch.tensor([float("nan")] * 32, dtype=torch.float32)
-    x = torch.where(torch.arange(32) % 2 == 0, x, -x).view(1, 32)
-    data, _ = mx.quantize(x)
-    assert data.view(-1).tolist() == [0x7F, 0xFF] * 16
+@pytest.mark.parametrize("columnwise", [False, True], ids=["rowwise", "colwise"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_nan_is_0x7f_whatever_its_sign_and_payload(dtype: torch.dtype, columnwise: bool) -> None:
+    """TE's NaN rule (CUDA gives it too: see test_mxfp8_gpu): NaN → 0x7F, left out of the block's amax."""
+    x, ref_data, ref_scale = nan_case(dtype, columnwise)
+    bits = x.view(torch.int16 if x.element_size() == 2 else torch.int32)
+    assert bool((bits[x.isnan()] < 0).any()), "the case must hold negative NaNs"
+    data, scale = mx.quantize(x, columnwise=columnwise)
+    assert torch.equal(data, ref_data)
+    assert torch.equal(_valid(scale, tuple(x.shape), columnwise), ref_scale)
+    deq = mx.dequantize(data, scale, columnwise=columnwise, dtype=torch.float32)
+    assert torch.equal(deq.isnan(), x.isnan())
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

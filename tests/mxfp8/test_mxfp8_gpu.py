@@ -11,7 +11,7 @@ import collections
 import pytest
 import reshard_mxfp8 as mx
 import torch
-from mxfp8_cases import edge_tensor, random_tensor
+from mxfp8_cases import edge_tensor, nan_case, random_tensor
 
 pytestmark = pytest.mark.gpu
 
@@ -44,8 +44,14 @@ needs_fi = pytest.mark.skipif(_flashinfer() is None or not _blackwell(), reason=
 
 
 def _inputs(dtype: torch.dtype) -> list[torch.Tensor]:
-    """Edge blocks (M not a multiple of 128) and random data over many binades."""
-    return [edge_tensor(dtype), random_tensor((1056, 96), dtype, seed=30)]
+    """Edge blocks (M not a multiple of 128), random data over many binades, NaNs of both signs."""
+    nans = nan_case(dtype, columnwise=True)[0]  # [32, 32]: TE can quantize it both ways
+    return [edge_tensor(dtype), random_tensor((1056, 96), dtype, seed=30), nans]
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-equal fp32 values, any NaN equal to any NaN (its bits depend on the device)."""
+    return bool(((a.view(torch.int32) == b.view(torch.int32)) | (a.isnan() & b.isnan())).all())
 
 
 def _valid(scale: torch.Tensor, shape: tuple[int, ...], columnwise: bool) -> torch.Tensor:
@@ -62,7 +68,19 @@ def test_pure_path_on_cuda_equals_cpu(dtype: torch.dtype, columnwise: bool) -> N
         assert torch.equal(gpu[0].cpu(), cpu[0]) and torch.equal(gpu[1].cpu(), cpu[1])
         deq = mx.dequantize(*gpu, columnwise=columnwise, dtype=torch.float32).cpu()
         ref = mx.dequantize(*cpu, columnwise=columnwise, dtype=torch.float32)
-        assert torch.equal(deq.view(torch.int32), ref.view(torch.int32))
+        assert _same_values(deq, ref)
+
+
+@pytest.mark.parametrize("columnwise", [False, True], ids=["rowwise", "colwise"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_nan_rule_on_cuda(dtype: torch.dtype, columnwise: bool) -> None:
+    """The CPU test's exact bytes on CUDA: every NaN → 0x7F, NaN left out of the block's amax."""
+    x, ref_data, ref_scale = nan_case(dtype, columnwise)
+    data, scale = mx.quantize(x.cuda(), columnwise=columnwise, backend="torch")
+    assert torch.equal(data.cpu(), ref_data)
+    assert torch.equal(_valid(scale.cpu(), tuple(x.shape), columnwise), ref_scale)
+    deq = mx.dequantize(data, scale, columnwise=columnwise, dtype=torch.float32).cpu()
+    assert torch.equal(deq.isnan(), x.isnan())
 
 
 def test_quantize_into_on_cuda_keeps_pointers() -> None:
@@ -92,8 +110,7 @@ def test_transformer_engine_matches_reference(dtype: torch.dtype) -> None:
             assert torch.equal(got_s, _valid(ref_s, tuple(x.shape), columnwise))
         deq = q.dequantize(dtype=torch.float32).cpu()
         ref = mx.dequantize(*mx.quantize(x, backend="torch"), dtype=torch.float32)
-        same = (deq.view(torch.int32) == ref.view(torch.int32)) | (deq.isnan() & ref.isnan())
-        assert bool(same.all())
+        assert _same_values(deq, ref)
 
 
 @needs_te

@@ -50,6 +50,8 @@ def quantize(
     Returns ``(data, scale)``: uint8 data in ``x``'s shape and uint8 E8M0 scales of shape
     ``[roundup(M,128), roundup(K/32,4)]`` (rowwise, 1x32 blocks) or ``[roundup(M/32,4), roundup(K,128)]``
     (``columnwise=True``, 32x1 blocks; needs M % 32 == 0), M = prod(shape[:-1]), padding zero.
+    Special values, as TE: NaN is left out of a block's amax (an all-NaN block gets scale 0x00) and every
+    NaN element becomes data byte 0x7F whatever its sign or payload; ±inf saturates to ±448.
     ``backend``: ``"torch"`` (the pure reference, any device), ``"te"`` (Transformer Engine's kernel,
     CUDA only) or ``"auto"`` (TE when it is importable and usable for ``x``, else torch).
     """
@@ -182,6 +184,7 @@ def dequantize(
 
     ``data`` is uint8 (or float8_e4m3fn) in the tensor's shape; ``scale`` is 2-D uint8 (or float8_e8m0fnu),
     padded or exactly the valid region. The product is exact in fp32 (and in bf16 except underflow).
+    NaN stays NaN, but its bits (sign, payload) depend on the device: compare NaNs as NaN.
     """
     if data.dtype not in _DATA_DTYPES:
         raise TypeError(f"data must be uint8 or float8_e4m3fn, got {data.dtype}")

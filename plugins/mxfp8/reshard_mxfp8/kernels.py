@@ -4,6 +4,7 @@ The rows of ``x`` are processed in groups of a few million elements, each in cac
 group: pass 1 takes every block's amax as the int32 bits of |x| (non-negative floats order like their
 bits; blocks holding NaN are then redone without it, as TE's ``fmaxf`` drops NaN); the E8M0 bytes and
 multipliers of the group are computed in place with integer ops; pass 2 writes ``e4m3(fp32(x) * mult)``.
+NaN rule (TE's): every NaN element becomes byte 0x7F, whatever its sign or payload, on every device.
 All workspaces are allocated once per call and reused, since fresh multi-MB temporaries cost page faults.
 Outputs may be strided views (regions of larger persistent buffers).
 """
@@ -126,21 +127,35 @@ def _rowwise_amax_bf16_pairs(xc: torch.Tensor, ws: torch.Tensor, lo: torch.Tenso
     torch.maximum(out, lo, out=out)
 
 
-def _drop_nan_from_amax(amax_bits: torch.Tensor, x: torch.Tensor, d: _Direction) -> None:
-    """Recompute, ignoring NaN elements, the amax of blocks whose amax came out NaN (rare path)."""
+def _drop_nan_from_amax(amax_bits: torch.Tensor, x: torch.Tensor, d: _Direction) -> bool:
+    """Recompute, ignoring NaN elements, the amax of blocks whose amax came out NaN (rare path).
+
+    Returns whether any block of ``x`` holds a NaN.
+    """
     if amax_bits.numel() == 0 or int(amax_bits.max()) <= _INF_BITS:
-        return
+        return False
     idx = (amax_bits > _INF_BITS).nonzero(as_tuple=True)
     vals = d.block_elements(x, idx).float().abs()
     vals = torch.where(vals.isnan(), torch.zeros((), dtype=vals.dtype, device=vals.device), vals)
     amax_bits[idx] = vals.amax(dim=-1).view(torch.int32)
+    return True
 
 
 def _store_e4m3(w: torch.Tensor, data: torch.Tensor) -> None:
-    """Saturating round-to-nearest-even cast of fp32 ``w`` into the uint8 ``data`` view (NaN stays NaN)."""
+    """Saturating round-to-nearest-even cast of fp32 ``w`` into the uint8 ``data`` view (NaN → 0x7F/0xFF)."""
     if not _cast_saturates(w.device.type):
         w.clamp_(-E4M3_MAX, E4M3_MAX)  # clamp keeps NaN
     data.view(torch.float8_e4m3fn).copy_(w)
+
+
+def _canonicalize_nan_(data: torch.Tensor) -> None:
+    """Turn the negative-NaN byte 0xFF of uint8 ``data`` into 0x7F, TE's byte for every NaN.
+
+    TE multiplies in fp32 before its e4m3 cvt, and CUDA arithmetic returns the canonical NaN 0x7FFFFFFF
+    (as does ``__nv_cvt_float_to_fp8``), so the sign is lost there, while the CPU multiply and cast keep it.
+    0xFF is never the byte of a number, so the fix-up touches NaNs only.
+    """
+    data.masked_fill_(data == 0xFF, 0x7F)
 
 
 def quantize_2d(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, *, columnwise: bool) -> None:
@@ -178,7 +193,7 @@ def quantize_2d(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, *, col
             else:
                 wi = _abs_bits_into(x[r0:r1], ws[: (r1 - r0) * k].view(r1 - r0, k))
                 torch.amax(d.blocks(wi), dim=d.reduce_dim, out=amax_c)
-        _drop_nan_from_amax(amax, x[g0:g1], d)
+        has_nan = _drop_nan_from_amax(amax, x[g0:g1], d)
         mult = mult_ws[:n].view(-1, scols)
         e = e8m0_and_multiplier_(amax, tmp_ws[:n].view(-1, scols), mult)
         scale[g0 // gr : g1 // gr].copy_(e)
@@ -194,3 +209,5 @@ def quantize_2d(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, *, col
                 w.copy_(x[r0:r1])
                 wb.mul_(mc)  # fp32(x) * mult: one fp32 multiply per element, as TE's mul_cvt
             _store_e4m3(w, data[r0:r1])
+        if has_nan:
+            _canonicalize_nan_(data[g0:g1])
