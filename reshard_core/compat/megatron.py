@@ -22,9 +22,9 @@ the end and the return value, which Megatron leaves None):
 - ``src_rank_offset`` / ``dst_rank_offset``: Megatron's offsets for models whose groups live in
   separate ``torch.distributed`` worlds. reshard plans in one world whose groups already hold
   global ranks, so only 0 is accepted (anything else is a ``ValueError`` saying so).
-- ``transform``: a reshard ``ReshardTransform`` (or None). When the destination config asks for
-  inference-optimized MXFP8, the destination's decoder linear weights become persistent MXFP8
-  buffers on the first prepare or swap (``megatron_mxfp8``) and every refit quantizes into them.
+- ``transform``: a reshard ``ReshardTransform`` (or None).
+- A destination whose config asks for inference-optimized MXFP8 is refused with ``ReshardError``
+  before any data moves: Megatron's linears cannot run on reshard's MXFP8 buffers (``megatron_mxfp8``).
 - After the weights landed, every destination module defining ``post_refit()`` (or, failing that,
   ``refresh_cache()``, its later name in Megatron) has it called once, in ``modules()`` order.
 - Exactness, errors before any data moves, no hang and in-place storage are reshard's contracts
@@ -121,8 +121,8 @@ def prepare_swap_model_weights(
     refit_method: RefitBackendName | Any = "gloo",
     transform: ReshardTransform | Sequence[ReshardTransform] | None = None,
 ) -> None:
-    """Build and cache the refit plan (and the MXFP8 destinations the target config asks for)
-    without moving weights. Collective over ``group``, like ``swap_model_weights``.
+    """Build and cache the refit plan without moving weights. Collective over ``group``, like
+    ``swap_model_weights``.
 
     A later ``swap_model_weights`` with the same models, ``refit_method``, ``group`` and
     ``transform`` reuses the whole prepared session; with other ones it still reuses the plan.
@@ -131,7 +131,7 @@ def prepare_swap_model_weights(
     _check_transform(transform)
     src, dst = _cores(src_model, "Source"), _cores(target_model, "Target")
     for core in dst or ():
-        setup_mxfp8(core, group)
+        setup_mxfp8(core)
     prepare(src, dst, transport=_service(refit_method, group), group=group, transform=transform)
 
 
@@ -170,7 +170,7 @@ def reshard_model_weights(
     transport = _service(service, group)
     src, dst = _cores(src_model, "Source"), _cores(target_model, "Target")
     for core in dst or ():
-        setup_mxfp8(core, group)
+        setup_mxfp8(core)
     report = refit(src, dst, transport=transport, group=group, transform=transform)
     for core in dst or ():
         run_post_refit_hooks(core)

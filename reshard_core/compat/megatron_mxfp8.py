@@ -1,17 +1,20 @@
-"""Megatron's automatic MXFP8 set-up for a refit destination, done with ``reshard_mxfp8``.
+"""The MXFP8 set-up of ``compat.megatron``: a destination config asking for inference-optimized MXFP8
+is refused.
 
-Megatron's ``prepare_swap_model_weights`` quantizes the destination decoder's linear weights into
-persistent MXFP8 buffers when the destination config asks for inference-optimized MXFP8
-(``config.transformer_impl == "inference_optimized"`` and ``config.fp8_recipe == "mxfp8"``), and
-later refits land BF16 slices in those buffers. ``setup_mxfp8`` does the same with
-``reshard_mxfp8.make_mxfp8`` (receiver mode: BF16 on the wire, quantized on landing); the plugin's
-``reshard_transforms`` hook then attaches the transform on every rank holding such a destination.
+Newer Megatron's ``prepare_swap_model_weights`` quantizes the destination decoder's linear weights into
+persistent MXFP8 weights when the destination config asks for inference-optimized MXFP8
+(``config.transformer_impl == "inference_optimized"`` and ``config.fp8_recipe == "mxfp8"``). reshard
+cannot do the same: its MXFP8 destinations (``reshard_mxfp8.make_mxfp8``) put a raw uint8 / float8
+buffer where the layer's ``weight`` was, and no Megatron linear consumes that. megatron-core 0.16.1's
+inference layers multiply by a dense weight (``InferenceLayerNormColumnParallelLinear.forward`` and
+``InferenceRowParallelLinear.forward``: ``torch.matmul(x, self.weight.t())``), as do the local and TE
+linears, and later versions take their MXFP8 path only for Megatron's own ``MXFP8Tensor``. The first
+forward would fail, so ``setup_mxfp8`` raises ``ReshardError`` instead, before any data moves.
 
-Eligible weights: parameters under ``decoder.`` owned by a linear module (class name containing
-``Linear``: Megatron's ``ColumnParallelLinear``/``RowParallelLinear`` and the TE linears), with at
-least 2 dims and a local last dim divisible by 32 (MXFP8's block). The buffer form follows
-``config.inference_grouped_gemm_backend``: ``"flashinfer"`` gives FlashInfer's swizzled scale,
-anything else the plain (data, 2-D scale) pair.
+Layers concerned: modules under ``decoder.`` whose class name contains ``Linear`` with a parameter of at
+least 2 dims and a last dim divisible by 32 (the weights an MXFP8 set-up would convert). Destinations
+the caller installed with ``reshard_mxfp8.make_mxfp8`` (for kernels that read the buffers themselves)
+are kept and returned.
 """
 
 from __future__ import annotations
@@ -19,6 +22,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from ..errors import ReshardError
+
+_MARKER = "_reshard_mxfp8"  # reshard_mxfp8.destinations.MARKER: set on an installed destination's buffer
 
 
 def _value(x: Any) -> Any:
@@ -36,50 +43,43 @@ def wants_mxfp8(core: torch.nn.Module | None) -> bool:
     )
 
 
-def mxfp8_form(core: torch.nn.Module) -> str:
-    """``reshard_mxfp8`` buffer form for ``core``: ``"flashinfer"`` or ``"pair"``."""
-    backend = _value(getattr(core.config, "inference_grouped_gemm_backend", None))
-    return "flashinfer" if backend == "flashinfer" else "pair"
-
-
-def eligible_names(core: torch.nn.Module, group: Any = None) -> list[str]:
-    """Canonical names of the decoder linear weights Megatron would quantize (see the module docstring)."""
-    from ..extract import ExtractContext, iter_tensors
-    from ..extract.builtin import reshard_extract_tensor as builtin_extract
-
-    context = ExtractContext.create(group)
-    names = []
-    for qualname, tensor, owner in iter_tensors(core):
-        if not qualname.startswith("decoder.") or "Linear" not in type(owner).__name__:
+def mxfp8_layers(core: torch.nn.Module) -> list[tuple[str, str]]:
+    """``(qualified name, class name)`` of the decoder linears an MXFP8 set-up would convert."""
+    found = []
+    for qualname, module in core.named_modules():
+        if not qualname.startswith("decoder.") or "Linear" not in type(module).__name__:
             continue
-        if not isinstance(tensor, torch.nn.Parameter) or tensor.dim() < 2 or tensor.shape[-1] % 32:
-            continue
-        specs = builtin_extract(
-            qualname=qualname, tensor=tensor, owner=owner, model=core, side="dst", context=context
-        )
-        if specs and len(specs) == 1:
-            names.append(specs[0].meta.name)
-    return names
+        if any(p.dim() >= 2 and p.shape[-1] % 32 == 0 for p in module.parameters(recurse=False)):
+            found.append((qualname, type(module).__name__))
+    return found
 
 
-def setup_mxfp8(core: torch.nn.Module | None, group: Any = None) -> dict[str, Any]:
-    """Convert ``core``'s eligible weights to persistent MXFP8 destinations when its config asks for
-    it; return them by canonical name ({} when it does not ask). Idempotent: a model already holding
-    MXFP8 destinations is left as it is and its destinations are returned."""
+def _installed(core: torch.nn.Module) -> dict[str, Any]:
+    """The MXFP8 destinations already installed in ``core`` (``reshard_mxfp8.destinations_of``)."""
+    dests = (getattr(t, _MARKER, None) for t in (*core.parameters(), *core.buffers()))
+    return {d.name: d for d in dests if d is not None}
+
+
+def setup_mxfp8(core: torch.nn.Module | None) -> dict[str, Any]:
+    """{} when ``core``'s config does not ask for MXFP8 (or it has no linear to convert); the
+    destinations the caller installed, if any; otherwise ``ReshardError`` naming the first layer
+    and why (see the module docstring). Nothing in ``core`` is changed."""
     if not wants_mxfp8(core):
         return {}
-    try:
-        from reshard_mxfp8 import destinations_of, make_mxfp8
-    except ImportError as exc:
-        raise RuntimeError(
-            "the destination config asks for inference-optimized MXFP8 "
-            "(transformer_impl='inference_optimized', fp8_recipe='mxfp8') but reshard-mxfp8 is not "
-            "installed (pip install reshard-mxfp8)"
-        ) from exc
-    existing = destinations_of(core)
+    existing = _installed(core)
     if existing:
         return existing
-    names = eligible_names(core, group)
-    if not names:
+    layers = mxfp8_layers(core)
+    if not layers:
         return {}
-    return make_mxfp8(core, names, form=mxfp8_form(core), mode="receiver", group=group)
+    name, cls = layers[0]
+    others = f" (and {len(layers) - 1} more linear layers)" if len(layers) > 1 else ""
+    raise ReshardError(
+        f"cannot set up MXFP8 weights for {name} ({cls}){others}: the destination config asks for "
+        "inference-optimized MXFP8 (transformer_impl='inference_optimized', fp8_recipe='mxfp8'), but "
+        "Megatron's linear layers multiply by a dense weight (megatron-core 0.16.1: "
+        "torch.matmul(x, self.weight.t())) and reshard's MXFP8 buffers in its place would fail at the "
+        "first forward; refused before any data moved. Refit BF16 weights (a destination config without "
+        "fp8_recipe='mxfp8'), or install MXFP8 destinations with reshard_mxfp8.make_mxfp8 for kernels "
+        "that read them"
+    )

@@ -12,7 +12,8 @@ summation order (a changed TP size reorders sums). MoE models are built for a CP
 
 Also covered in the same worlds: a Megatron ``CopyService`` instance as ``refit_method``,
 ``post_refit``/``refresh_cache`` hooks, the second swap reusing the prepared session with the
-destination storage kept, and MXFP8 destinations set up from the destination config.
+destination storage kept. In a world of its own: a destination config asking for inference-optimized
+MXFP8 is refused on every rank before any data moves (Megatron's linears cannot run on MXFP8 buffers).
 """
 
 from __future__ import annotations
@@ -141,45 +142,45 @@ def _swap_case(name, src_layout, dst_layout, kwargs, *, causal: bool = False) ->
     return facts
 
 
-def _mxfp8_case() -> dict:
-    """TP2 → TP1 (bf16) into a destination whose config asks for inference-optimized MXFP8."""
-    from reshard_mxfp8 import destinations_of, quantize
+def _mxfp8_world(rank: int, world: int) -> dict:
+    """TP2 → TP1 into a destination whose config asks for inference-optimized MXFP8: every rank
+    is refused before any data moves, the destination's forward still runs; with reshard's MXFP8 buffers
+    in its linears' place (what the set-up used to install) that forward fails."""
+    from reshard_mxfp8 import make_mxfp8
 
-    from reshard_core.compat.megatron import prepare_swap_model_weights, swap_model_weights
-    from reshard_core.testing.models import build_gpt, build_pg_collection
+    from reshard_core.compat.megatron import clear_all_caches, prepare_swap_model_weights, swap_model_weights
+    from reshard_core.compat.megatron_mxfp8 import mxfp8_layers
+    from reshard_core.testing.megatron_forward import allow_cpu_forward, gpt_inputs, gpt_logits
+    from reshard_core.testing.models import build_gpt, build_pg_collection, init_megatron
+    from reshard_core.testing.world import outcome
 
-    kwargs = dict(DENSE_KW, dtype=torch.bfloat16)
-    src = build_gpt(build_pg_collection(2, 1, 1), seed=7, **kwargs)
-    dst = build_gpt(build_pg_collection(1, 1, 1), seed=8, **kwargs)
-    reference = build_gpt(build_pg_collection(1, 1, 1), seed=7, **kwargs)
+    init_megatron()
+    allow_cpu_forward()
+    src = build_gpt(build_pg_collection(2, 1, 1), seed=7, **DENSE_KW)
+    dst = build_gpt(build_pg_collection(1, 1, 1), seed=8, **DENSE_KW)
     dst.config.transformer_impl = "inference_optimized"
     dst.config.fp8_recipe = "mxfp8"
-    prepare_swap_model_weights([src], [dst])
-    dests = destinations_of(dst)
-    pointers = {n: (d.data.data_ptr(), d.scale.data_ptr()) for n, d in dests.items()}
-    ref_params = dict(reference.named_parameters())
-    report = swap_model_weights([src], [dst], "gloo")
-
-    def wrong() -> list[str]:
-        bad = []
-        for n, d in dests.items():
-            data, scale = quantize(ref_params[n].detach())
-            same = torch.equal(d.data.view(torch.uint8), data.view(torch.uint8)) and torch.equal(
-                d.scale, scale
-            )
-            if not same:
-                bad.append(n)
-        return bad
-
-    facts = {"names": sorted(dests), "reused": report.reused_plan, "wrong_first": wrong(),
-             "others_differing": _differing(dst, reference, skip=set(dests))}  # fmt: skip
-    for d in dests.values():
-        d.data.zero_()
-        d.scale.zero_()
-    swap_model_weights([src], [dst], "gloo")
-    facts["wrong_second"] = wrong()
-    now = {n: (d.data.data_ptr(), d.scale.data_ptr()) for n, d in dests.items()}
-    facts["pointers_kept"] = pointers == now
+    inputs = gpt_inputs(2, 8, 128)
+    logits = gpt_logits(dst, *inputs)
+    before = {n: (type(t), t.data_ptr(), t.clone()) for n, t in _weights(dst).items()}
+    facts = {
+        "prepare": outcome(lambda: prepare_swap_model_weights([src], [dst])),
+        "swap": outcome(lambda: swap_model_weights([src], [dst], "gloo")),
+    }
+    now = _weights(dst)
+    facts["untouched"] = now.keys() == before.keys() and all(
+        (type(t), t.data_ptr()) == before[n][:2] and torch.equal(t, before[n][2]) for n, t in now.items()
+    )
+    facts["forward_after"] = outcome(lambda: gpt_logits(dst, *inputs))
+    facts["same_logits"] = torch.equal(gpt_logits(dst, *inputs), logits)
+    facts["layers"] = mxfp8_layers(dst)
+    make_mxfp8(dst, [f"{name}.weight" for name, _ in facts["layers"]], form="pair")
+    try:
+        gpt_logits(dst, *inputs)
+        facts["forward_on_mxfp8_buffers"] = "ok"
+    except RuntimeError as exc:
+        facts["forward_on_mxfp8_buffers"] = f"RuntimeError: {exc}"
+    clear_all_caches()
     return facts
 
 
@@ -191,7 +192,6 @@ def _dense_world(rank: int, world: int) -> dict:
     init_megatron()
     allow_cpu_forward()
     out = {name: _swap_case(name, s, d, DENSE_KW) for name, (s, d) in DENSE.items()}
-    out["mxfp8"] = _mxfp8_case()
     clear_all_caches()
     return out
 
@@ -216,6 +216,11 @@ def dense():
 @pytest.fixture(scope="module")
 def moe():
     return run_world(_moe_world, WORLD, timeout=400, pg_timeout=120)
+
+
+@pytest.fixture(scope="module")
+def mxfp8():
+    return run_world(_mxfp8_world, 2, timeout=300, pg_timeout=120)
 
 
 def _check_bit_exact(results, case):
@@ -275,13 +280,19 @@ def test_post_refit_hooks_run_once_per_swap_after_the_weights_landed(dense):
         }
 
 
-def test_mxfp8_destinations_are_set_up_from_the_config_and_filled_bit_exact(dense):
+def test_an_mxfp8_destination_config_is_refused_on_every_rank_and_the_destination_still_runs(mxfp8):
     linears = ("self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2")
-    expected = sorted(f"decoder.layers.{i}.{m}.weight" for i in range(4) for m in linears)
-    for out in dense:
-        facts = out["mxfp8"]
-        assert facts["names"] == expected
-        assert facts["reused"] is True  # prepare_swap_model_weights built the session
-        assert facts["wrong_first"] == [] and facts["wrong_second"] == []
-        assert facts["others_differing"] == []
-        assert facts["pointers_kept"]
+    expected = sorted(f"decoder.layers.{i}.{m}" for i in range(4) for m in linears)
+    for facts in mxfp8:
+        assert sorted(name for name, _ in facts["layers"]) == expected
+        first, cls = facts["layers"][0]
+        refusal = facts["prepare"]
+        assert refusal.startswith(
+            f"ReshardError: cannot set up MXFP8 weights for {first} ({cls}) (and 15 more linear layers): "
+        )
+        assert cls in ("ColumnParallelLinear", "RowParallelLinear")
+        assert facts["swap"] == refusal
+        assert facts["untouched"] and facts["forward_after"] == "ok" and facts["same_logits"]
+        # Megatron's own forward on the buffers the refused set-up would have installed
+        assert facts["forward_on_mxfp8_buffers"].startswith("RuntimeError: expected ")
+        assert "!= unsigned char" in facts["forward_on_mxfp8_buffers"]

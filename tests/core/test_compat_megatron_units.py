@@ -1,5 +1,5 @@
 """``reshard_core.compat.megatron`` without a world: argument checks (exact texts), unwrapping,
-post-refit hooks, the Megatron CopyService adapter and the MXFP8 config test."""
+post-refit hooks, the Megatron CopyService adapter, the MXFP8 config test and its refusal."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch import nn
 
 from reshard_core.compat import megatron as compat
-from reshard_core.compat.megatron_mxfp8 import mxfp8_form, wants_mxfp8
+from reshard_core.compat.megatron_mxfp8 import mxfp8_layers, setup_mxfp8, wants_mxfp8
 from reshard_core.compat.megatron_service import MegatronServiceAdapter, is_copy_service_like
+from reshard_core.errors import ReshardError
 
 
 class _OldService:  # megatron-core 0.16.1: no task_id
@@ -146,10 +148,106 @@ def test_mxfp8_is_wanted_only_for_inference_optimized_mxfp8_configs(impl, recipe
     assert wants_mxfp8(None) is False
 
 
-def test_the_mxfp8_buffer_form_follows_the_grouped_gemm_backend():
-    def model(**config):
-        return SimpleNamespace(config=SimpleNamespace(**config))
+class InferenceLayerNormColumnParallelLinear(nn.Module):
+    """megatron-core 0.16.1's layer of that name at TP 1, minus its TE RMSNorm (TE cannot run on CPU, and
+    without TE 0.16.1 cannot even build it): ``forward`` is its ``torch.matmul(x, self.weight.t())``
+    (``tensor_parallel/inference_layers.py:159``)."""
 
-    assert mxfp8_form(model(inference_grouped_gemm_backend="flashinfer")) == "flashinfer"
-    assert mxfp8_form(model(inference_grouped_gemm_backend="torch")) == "pair"
-    assert mxfp8_form(model()) == "pair"
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.weight = nn.Parameter(torch.randn(64, 64, generator=g).to(torch.bfloat16))
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return torch.matmul(x, self.weight.t()), None
+
+
+class InferenceRowParallelLinear(InferenceLayerNormColumnParallelLinear):
+    """0.16.1's ``InferenceRowParallelLinear.forward`` at TP 1 (``inference_layers.py:287-289``), the same
+    matmul."""
+
+
+class _InferenceGPT(nn.Module):
+    """One attention block of an ``inference_optimized`` GPT: the module names and classes the set-up sees."""
+
+    def __init__(self, fp8_recipe: str | None = "mxfp8") -> None:
+        super().__init__()
+        self.config = SimpleNamespace(transformer_impl="inference_optimized", fp8_recipe=fp8_recipe)
+        self.pg_collection = SimpleNamespace()  # compat.megatron requires one; no groups: one process
+        attention = nn.Module()
+        attention.linear_qkv = InferenceLayerNormColumnParallelLinear(seed=1)
+        attention.linear_proj = InferenceRowParallelLinear(seed=2)
+        layer = nn.Module()
+        layer.self_attention = attention
+        self.decoder = nn.Module()
+        self.decoder.layers = nn.ModuleList([layer])
+        self.decoder.final_layernorm = nn.LayerNorm(64)  # not a linear: never concerned
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        attention = self.decoder.layers[0].self_attention
+        return attention.linear_proj(attention.linear_qkv(x)[0])[0]
+
+
+def _state(model: nn.Module) -> dict[str, tuple]:
+    tensors = model.state_dict(keep_vars=True)
+    return {n: (type(t), t.dtype, t.data_ptr(), t.clone()) for n, t in tensors.items()}
+
+
+def _unchanged(model: nn.Module, before: dict[str, tuple]) -> bool:
+    now = _state(model)
+    return now.keys() == before.keys() and all(
+        now[n][:3] == before[n][:3] and torch.equal(now[n][3], before[n][3]) for n in now
+    )
+
+
+def test_an_mxfp8_destination_config_is_refused_and_the_destination_still_runs():
+    model = _InferenceGPT()
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    out, before = model(x), _state(model)
+    refusal = None
+    try:
+        setup_mxfp8(model)
+    except ReshardError as exc:
+        refusal = str(exc)
+    assert torch.equal(model(x), out)  # the destination's forward after the set-up
+    assert _unchanged(model, before)
+    qkv, proj = "decoder.layers.0.self_attention.linear_qkv", "decoder.layers.0.self_attention.linear_proj"
+    assert mxfp8_layers(model) == [(qkv, "InferenceLayerNormColumnParallelLinear"),
+                                   (proj, "InferenceRowParallelLinear")]  # fmt: skip
+    assert refusal is not None and refusal.startswith(
+        f"cannot set up MXFP8 weights for {qkv} (InferenceLayerNormColumnParallelLinear) (and 1 more "
+        "linear layers): the destination config asks for inference-optimized MXFP8"
+    )
+    assert "torch.matmul(x, self.weight.t())" in refusal and "refused before any data moved" in refusal
+    # compat's entry points refuse before their first collective (no world here: reaching it would fail)
+    for call in (
+        lambda: compat.prepare_swap_model_weights(None, [model], refit_method=_OldService()),
+        lambda: compat.reshard_model_weights(None, [model], _OldService()),
+    ):
+        with pytest.raises(ReshardError) as info:
+            call()
+        assert str(info.value) == refusal
+    assert _unchanged(model, before)
+
+
+def test_the_buffers_the_refusal_avoids_would_fail_the_destinations_forward():
+    """What the set-up did before it refused: reshard's MXFP8 buffers in the linears' place; then the
+    destination's forward fails, for both buffer forms."""
+    mx = pytest.importorskip("reshard_mxfp8")
+    x = torch.ones(3, 64, dtype=torch.bfloat16)
+    for form, dtype in (("pair", "unsigned char"), ("flashinfer", "Float8_e4m3fn")):
+        model = _InferenceGPT()
+        made = mx.make_mxfp8(model, [f"{name}.weight" for name, _ in mxfp8_layers(model)], form=form)
+        assert len(made) == 2
+        with pytest.raises(RuntimeError, match=f"expected m1 and m2 to have the same dtype.*{dtype}"):
+            model(x)
+        assert setup_mxfp8(model) == made  # destinations the caller installed are kept, not refused
+
+
+def test_a_destination_that_does_not_ask_for_mxfp8_is_left_alone():
+    for model in (_InferenceGPT(fp8_recipe=None), SimpleNamespace(config=None)):
+        assert setup_mxfp8(model) == {}
+    no_linear = _InferenceGPT()
+    del no_linear.decoder.layers
+    assert mxfp8_layers(no_linear) == [] and setup_mxfp8(no_linear) == {}
