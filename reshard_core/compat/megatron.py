@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from ..api import RefitReport, clear_caches, prepare, refit
+from ..exchange import failures
 from ..transform import ReshardTransform
 from ..transport.copy_service import CopyService
 from .megatron_mxfp8 import setup_mxfp8
@@ -130,8 +131,9 @@ def prepare_swap_model_weights(
     _check_offsets(src_rank_offset, dst_rank_offset)
     _check_transform(transform)
     src, dst = _cores(src_model, "Source"), _cores(target_model, "Target")
-    for core in dst or ():
-        setup_mxfp8(core)
+    with failures.watched(group):  # a refused destination is read by the ranks waiting for it
+        for core in dst or ():
+            setup_mxfp8(core)
     prepare(src, dst, transport=_service(refit_method, group), group=group, transform=transform)
 
 
@@ -169,8 +171,9 @@ def reshard_model_weights(
     _check_transform(transform)
     transport = _service(service, group)
     src, dst = _cores(src_model, "Source"), _cores(target_model, "Target")
-    for core in dst or ():
-        setup_mxfp8(core)
+    with failures.watched(group):  # a refused destination is read by the ranks waiting for it
+        for core in dst or ():
+            setup_mxfp8(core)
     report = refit(src, dst, transport=transport, group=group, transform=transform)
     for core in dst or ():
         run_post_refit_hooks(core)
