@@ -62,6 +62,7 @@ _EXPORTS = {
     # refit API
     "refit": "api",
     "prepare": "api",
+    "weight_version": "versions",
     "Session": "api",
     "clear_caches": "api",
     "RefitReport": "api",

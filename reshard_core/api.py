@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from . import versions
 from .errors import PlanError, ReshardError
 from .exchange import bounded, exchange_layouts, failures
 from .exchange.options import check_options, option_digests
@@ -116,8 +117,10 @@ class Session:
     """Prepared with ``cast=True``: its plan may convert dtypes, so every execution casts."""
     group: Any = None
     """The ``group`` it was prepared over (its peers' failures are read from that group's store)."""
+    destinations: tuple[weakref.ref, ...] = ()
+    """The destination modules (weakly held): where ``version=`` is recorded."""
 
-    def refit(self, *, cast: bool = False) -> RefitReport:
+    def refit(self, *, cast: bool = False, version: Any = None) -> RefitReport:
         """Run this prepared refit again: the fast path for a loop that calls ``prepare`` once.
 
         ``reshard_core.refit`` first walks both models and agrees with every rank (one small
@@ -139,7 +142,7 @@ class Session:
                     f"rank {self.plan.rank}: the prepared session no longer fits its models ({problem}); "
                     "call reshard_core.prepare() again on every rank"
                 )
-            return _report(self, self._execute(cast or self.cast), True, time.perf_counter() - start)
+            return _report(self, self._run(cast, version), True, time.perf_counter() - start)
 
     def built_for(self, src: Model, dst: Model, signature: tuple) -> bool:
         """True when ``src``/``dst`` are the very objects this session was built for, unchanged."""
@@ -160,6 +163,15 @@ class Session:
             if tensor is None or _fingerprint(tensor) != fingerprint:
                 return "a tensor was replaced, reshaped, moved or re-laid out"
         return None
+
+    def _run(self, cast: bool, version: Any) -> ExecStats:
+        """Refresh the sources, execute, and record ``version`` on the destinations once it landed."""
+        destinations = [m for m in (ref() for ref in self.destinations) if m is not None]
+        versions.begin(destinations)
+        self._refresh()
+        stats = self._execute(cast or self.cast)
+        versions.commit(destinations, version)
+        return stats
 
     def _refresh(self) -> None:
         """Bring every source up to date (``refreshers``) before an execution."""
@@ -301,6 +313,7 @@ def refit(
     cast: bool = False,
     src_format: ModelFormat | str | None = None,
     dst_format: ModelFormat | str | None = None,
+    version: Any = None,
 ) -> RefitReport:
     """Copy every weight of ``src`` into ``dst`` across their layouts, in place. Collective over ``group``.
 
@@ -319,6 +332,9 @@ def refit(
     destination rank needs move. Formats are detected (or declared with
     ``reshard_core.declare_format``); ``src_format``/``dst_format`` override them. Models of one
     format (or of none) are refit by their own tensor names.
+
+    ``version``: recorded on this rank's destination modules once all of their tensors landed, and
+    read with ``reshard_core.weight_version(dst)`` (None while a refit runs and after one failed).
     """
     start = time.perf_counter()
     options = _Options(
@@ -326,8 +342,7 @@ def refit(
     )
     with failures.watched(group):
         session, reused = _session(src, dst, options)
-        session._refresh()
-        return _report(session, session._execute(cast or session.cast), reused, time.perf_counter() - start)
+        return _report(session, session._run(cast, version), reused, time.perf_counter() - start)
 
 
 def clear_caches() -> None:
@@ -528,6 +543,7 @@ def _remember(key: tuple, src: Model, dst: Model, signature: tuple, session: Ses
         finalizer.detach()
     modules = _modules(src) + _modules(dst)
     session.models = tuple(weakref.ref(m) for m in modules)
+    session.destinations = tuple(weakref.ref(m) for m in _modules(dst))
     session.signature = signature
     session.watched = _watch(modules)
     session.structure = [(weakref.ref(m), _children(m)) for root in modules for m in root.modules()]
