@@ -35,15 +35,34 @@ def test_strided_shard_moves_its_mesh_dim_behind_the_dims_it_waits_for():
     assert layout == Layout(swapped, (Replicate(), Shard(0), Shard(0)))
 
 
-def test_strided_shard_without_matching_later_dims_becomes_a_stride_when_even():
+def test_strided_shard_no_order_explains_is_read_on_its_own():
+    """torch cuts the extent into split_factor chunks, then each chunk over the mesh dim (torch.chunk
+    both times): a stride when that is even, else components of the chunk sizes."""
     layout = dtensor_layout("w", (12, 4), fake_mesh(2), (_StridedShard(0, split_factor=3),))
     assert layout == Layout(Mesh((8, 9), (2,)), (Shard(0, stride=3),))
-    with pytest.raises(ExtractError) as info:
-        dtensor_layout("w", (10, 4), fake_mesh(2), (_StridedShard(0, split_factor=3),))
-    assert str(info.value) == (
-        "tensor 'w': _StridedShard(dim=0, split_factor=3) over an extent of 10 not divisible by 6 "
-        "cannot be expressed exactly"
-    )
+    layout = dtensor_layout("w", (10, 4), fake_mesh(2), (_StridedShard(0, split_factor=3),))
+    assert layout == Layout(Mesh((8, 9), (2,)), (Shard(0, components=(4, 4, 2)),))
+    assert layout.dim_intervals((10, 4), 8)[0] == ((0, 2), (4, 6), (8, 9))
+
+
+def test_strided_shard_is_decoded_into_a_shard_order_as_torch_does():
+    """(_S(0, 2), S(0), S(0)) on a 2x2x2 mesh: torch orders mesh dims 1, 0, 2 (dim 0's split factor 2
+    is the size of mesh dim 1 alone), however uneven the rows."""
+    placements = (_StridedShard(0, split_factor=2), DShard(0), DShard(0))
+    layout = dtensor_layout("w", (7, 4), fake_mesh(2, 2, 2), placements)
+    swapped = Mesh((8, 9, 12, 13, 10, 11, 14, 15), (2, 2, 2))  # mesh dims 0 and 1 swapped
+    assert layout == Layout(swapped, (Shard(0), Shard(0), Shard(0)))
+
+
+def test_use_strided_shard_as_shard_order_decides_how_strided_shards_read():
+    """False: each _StridedShard on its own, in the spec's shard_order; True: the split factors give the
+    order and torch ignores any shard_order on the spec."""
+    placements = (_StridedShard(0, split_factor=2), DShard(0))
+    flag_false = dtensor_layout("w", (7, 4), fake_mesh(2, 2), placements, None, False)
+    assert flag_false == Layout(Mesh((8, 9, 10, 11), (2, 2)), (Shard(0, components=(4, 3)), Shard(0)))
+    bogus = (SimpleNamespace(tensor_dim=0, mesh_dims=(0, 1)),)
+    flag_true = dtensor_layout("w", (7, 4), fake_mesh(2, 2), placements, bogus, True)
+    assert flag_true == Layout(Mesh((8, 10, 9, 11), (2, 2)), (Shard(0), Shard(0)))
 
 
 def test_partial_placement_is_refused():

@@ -190,7 +190,7 @@ class TESource:
 def extract_te_param(qualname: str, tensor, context) -> list | None:
     """Spec of a DTensor param whose local tensor is a TE MXFP8/Float8 tensor; None for anything else."""
     from reshard_core.extract.context import strip_wrappers
-    from reshard_core.extract.dtensor import dtensor_layout, is_dtensor
+    from reshard_core.extract.dtensor import dtensor_shape_and_layout, is_dtensor
     from reshard_core.specs import TensorMeta, TensorSpec
 
     if not is_dtensor(tensor):
@@ -200,8 +200,7 @@ def extract_te_param(qualname: str, tensor, context) -> list | None:
     kind = te_kind(local, name)
     if kind is None:
         return None  # includes TE's uneven fallback: a plain high-precision shard
-    shape = tuple(tensor.shape)
-    layout = dtensor_layout(name, shape, tensor.device_mesh, tensor.placements)
+    shape, layout = dtensor_shape_and_layout(name, tensor)  # the spec's shape and shard order
     expected = layout.local_shape(shape, context.rank)
     if expected is None or tuple(local.shape) != expected:
         raise _error(
