@@ -32,6 +32,7 @@ from .execute.executor import execute_plan
 from .execute.memo import ExecMemo
 from .execute.pool import StagingPool
 from .execute.stats import ExecStats
+from .execute.verify import raise_mismatches
 from .extract import ExtractContext, extract_specs, iter_tensors
 from .extract.destinations import destination_problems
 from .extract.freshness import source_refreshers
@@ -56,7 +57,9 @@ class RefitReport:
     Bytes: ``bytes_sent`` / ``bytes_received`` crossed the transport, ``bytes_local`` was copied
     inside the rank. ``messages``: transport messages this rank sent. ``seconds``: per phase
     (``extract``, ``exchange``, ``plan`` are zero when the prepared session was reused; ``pack``,
-    ``transfer``, ``local``, ``unpack``, ``total``).
+    ``transfer``, ``local``, ``unpack``, ``total``). With ``verify=True``, what this rank checked:
+    ``verified_bytes`` (``bytes_received`` + ``bytes_local``, less transformed local copies) and
+    ``verified_messages`` (the received messages); both 0 without ``verify``.
     """
 
     rank: int
@@ -70,6 +73,8 @@ class RefitReport:
     metadata_bytes: int
     reused_plan: bool
     seconds: dict[str, float] = field(default_factory=dict)
+    verified_bytes: int = 0
+    verified_messages: int = 0
 
     @property
     def bytes_remote(self) -> int:
@@ -115,6 +120,8 @@ class Session:
     """Each module of its models, with (weak references to) the children it held."""
     cast: bool = False
     """Prepared with ``cast=True``: its plan may convert dtypes, so every execution casts."""
+    verify: bool = False
+    """Prepared with ``verify=True``: every execution checks what arrived (``execute.verify``)."""
     group: Any = None
     """The ``group`` it was prepared over (its peers' failures are read from that group's store)."""
     destinations: tuple[weakref.ref, ...] = ()
@@ -185,10 +192,14 @@ class Session:
         session using it, so the next ``refit`` builds a fresh one (its peers' state is unknown)."""
         with torch.no_grad():  # destinations are usually leaf Parameters that require grad
             try:
-                return execute_plan(
+                stats = execute_plan(
                     self.plan, self.src_tensors, self.dst_tensors, self.transport,
                     transform=self.transforms or None, cast=cast, pool=self.pool, memo=self.memo,
+                    verify=self.verify,
                 )  # fmt: skip
+                if self.verify:  # every rank raises a mismatch that any receiver found
+                    raise_mismatches(stats, self.group, self.transport.timeout)
+                return stats
             except Exception:
                 _forget_transport(self.transport)
                 raise
@@ -216,6 +227,7 @@ class _Options:
     src_format: ModelFormat | str | None = None
     dst_format: ModelFormat | str | None = None
     cast: bool = False
+    verify: bool = False
 
     def key(self, src: Model, dst: Model) -> tuple:
         """The session cache key: model identities plus every option, hashable."""
@@ -234,6 +246,7 @@ class _Options:
             _format_key(self.src_format),
             _format_key(self.dst_format),
             bool(self.cast),
+            bool(self.verify),
         )
 
 
@@ -255,6 +268,7 @@ def prepare(
     src_format: ModelFormat | str | None = None,
     dst_format: ModelFormat | str | None = None,
     cast: bool = False,
+    verify: bool = False,
 ) -> Session:
     """Build (or reuse) this rank's refit session. Collective over ``group`` (default: the world).
 
@@ -263,10 +277,12 @@ def prepare(
     patterns) and ``tied`` (``{dst_name: src_name}``, e.g. an untied output layer fed from the
     embedding) are the explicit opt-outs. ``src_format``/``dst_format`` (a ``ModelFormat`` or a
     registered name) override the detected model formats; see ``refit``. ``cast=True`` lets a
-    source and its destination differ in dtype (see ``refit``).
+    source and its destination differ in dtype (see ``refit``). ``verify=True``: every refit of the
+    session checks what arrived (see ``refit``).
     """
     options = _Options(
-        transport, group, transform, max_batch_bytes, ignore, tied, timeout, src_format, dst_format, cast
+        transport, group, transform, max_batch_bytes, ignore, tied, timeout, src_format, dst_format, cast,
+        verify=verify,
     )
     with failures.watched(group):
         return _session(src, dst, options)[0]
@@ -282,7 +298,7 @@ def _session(src: Model, dst: Model, options: _Options) -> tuple[Session, bool]:
     formats = (resolve_format(src, options.src_format), resolve_format(dst, options.dst_format))
     codes = (format_code(formats[0]), format_code(formats[1]))
     o = options
-    digests = option_digests(o.ignore, o.tied, o.max_batch_bytes, o.transport, o.cast)
+    digests = option_digests(o.ignore, o.tied, o.max_batch_bytes, o.transport, o.cast, o.verify)
     everyone_valid, sides, all_codes, all_digests = _agree(
         valid, src is not None, dst is not None, codes, digests, o.group, o.timeout
     )
@@ -314,6 +330,7 @@ def refit(
     src_format: ModelFormat | str | None = None,
     dst_format: ModelFormat | str | None = None,
     version: Any = None,
+    verify: bool = False,
 ) -> RefitReport:
     """Copy every weight of ``src`` into ``dst`` across their layouts, in place. Collective over ``group``.
 
@@ -335,10 +352,18 @@ def refit(
 
     ``version``: recorded on this rank's destination modules once all of their tensors landed, and
     read with ``reshard_core.weight_version(dst)`` (None while a refit runs and after one failed).
+
+    ``verify=True`` checks every arrival: each sender checksums the bytes of each tensor slice it
+    sends, each receiver recomputes the checksum from the destination region it wrote (a transformed
+    tensor: from the received wire bytes) and local copies are checked source against destination;
+    a mismatch raises ``ReshardError`` on every rank naming the tensors and the rank pair
+    (``verify: rank 0 → rank 2: 1 tensor arrived different from what was sent: w``). Every rank
+    must pass the same ``verify``. ``RefitReport.verified_bytes`` says what this rank checked.
     """
     start = time.perf_counter()
     options = _Options(
-        transport, group, transform, max_batch_bytes, ignore, tied, timeout, src_format, dst_format, cast
+        transport, group, transform, max_batch_bytes, ignore, tied, timeout, src_format, dst_format, cast,
+        verify=verify,
     )
     with failures.watched(group):
         session, reused = _session(src, dst, options)
@@ -389,6 +414,8 @@ def _report(session: Session, stats: ExecStats, reused: bool, total: float) -> R
         metadata_bytes=0 if reused else session.metadata_bytes,
         reused_plan=reused,
         seconds=seconds,
+        verified_bytes=stats.verified_bytes,
+        verified_messages=stats.verified_messages,
     )
 
 
@@ -449,6 +476,7 @@ def _build(src: Model, dst: Model, sides: tuple, options: _Options, choice: Form
         seconds=seconds,
         refreshers=[*syncs, *(spec.source for spec in src_specs if hasattr(spec.source, "refresh_source"))],
         cast=o.cast,
+        verify=o.verify,
         group=group,
     )
 

@@ -39,6 +39,7 @@ from .messages import ExecContext, Incoming, Outgoing, build_incoming, build_out
 from .pool import StagingPool, pool_for
 from .schedule import Batch, Schedule, build_schedule, message_task_id
 from .stats import ExecStats
+from .verify import Verifier, exchange_device
 
 _MAX_LIGHT = 256
 """Batches kept in flight at most (bounds outstanding transport requests)."""
@@ -81,6 +82,7 @@ def execute_plan(
     pool: StagingPool | None = None,
     window: int = 0,
     memo: ExecMemo | None = None,
+    verify: bool = False,
 ) -> ExecStats:
     """Execute ``plan`` on this rank; collective with every peer the plan names.
 
@@ -95,7 +97,12 @@ def execute_plan(
     ones are packed and launched (0: staged batches are double-buffered; batches moved in place
     never count). ``memo``: what executions of this plan on these same tensors may reuse (the
     input check's verdict, the schedule, region views, message recipes; see ``ExecMemo`` for the
-    promise it takes). Inputs are checked before any data moves (``PlanError``); transport
+    promise it takes). ``verify``: the sender digests each op's bytes in its message, the receiver
+    digests what it wrote and, after the last batch, the digests cross (one small message per pair
+    and direction; every peer of the plan must pass the same ``verify``); ``ExecStats`` then counts
+    what was checked and lists ``mismatches``, which this call does not raise: ``verify.
+    raise_mismatches`` makes every rank raise them (see ``verify.py``). Without it nothing of
+    this runs. Inputs are checked before any data moves (``PlanError``); transport
     failures, and any other error raised inside the transport's code, raise ``TransportError``
     prefixed once with the transport and the plugin providing it (``transport 'gloo' (plugin
     reshard-gloo): rank 1, batch 0: gloo: recv from rank 0 ... failed: ...``).
@@ -116,8 +123,12 @@ def execute_plan(
     if schedule is None:
         schedule = memo.schedules[names] = build_schedule(plan, names)
     ctx.stats.batches = len(schedule.batches)
+    if verify:
+        ctx.verify = Verifier(plan, exchange_device(transport))
     try:
         _pipeline(ctx, schedule, transport, window)
+        if ctx.verify is not None:
+            ctx.verify.finish(transport, ctx.stats)
     except Exception as exc:
         named = _named_transport_error(exc, transport)
         if named is None:
@@ -213,6 +224,8 @@ def _launch(ctx: ExecContext, batch: Batch, schedule: Schedule, transport: CopyS
             incoming = build_incoming(ctx, peer, ops)
         if incoming is None:
             continue
+        if ctx.verify is not None:
+            ctx.verify.expect(peer, ops, incoming)
         with ctx.stats.timed("transfer"):
             transport.submit_recv(incoming.message, peer, message_task_id(index, peer, rank, seq))
             ctx.stats.bytes_received += incoming.message.nbytes
@@ -266,7 +279,10 @@ def _land(ctx: ExecContext, messages: Iterable[Incoming | Outgoing]) -> None:
     with ctx.stats.timed("unpack"):
         for message in messages:
             if isinstance(message, Incoming):
-                land(ctx, message)
+                if ctx.verify is None:
+                    land(ctx, message)
+                else:
+                    ctx.verify.land(ctx, message)  # lands it, then digests what it wrote
             ctx.meter.release(message.staged)
             if message.pooled:
                 ctx.pool.give(message.message)
@@ -295,3 +311,5 @@ def _run_locals(ctx: ExecContext, batch: Batch) -> None:
     with ctx.stats.timed("local"):
         for op in batch.local:
             ctx.stats.bytes_local += run_local(ctx, op)
+            if ctx.verify is not None:
+                ctx.verify.local(ctx, op)

@@ -12,8 +12,10 @@ since both derive the same byte layout.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,6 +26,9 @@ from .check import source_name
 from .pool import StagingPool
 from .slots import Slot, layout_slots, slot_view
 from .stats import ExecStats, StagingMeter
+
+if TYPE_CHECKING:
+    from .verify import Verifier
 
 
 @dataclass
@@ -41,6 +46,8 @@ class ExecContext:
     """Region views by ``(id(op), side)``, kept across executions by an ``ExecMemo``."""
     recipes: dict[tuple[int, str], Recipe] = field(default_factory=dict)
     """Untransformed messages' recipes by ``(id(ops), direction)``, kept by an ``ExecMemo``."""
+    verify: Verifier | None = None
+    """Set when the execution verifies arrivals (``verify.py``); None keeps the data path bare."""
 
     def wire_dtype(self, name: str) -> torch.dtype:
         return self.plan.tensors[name].dtype
@@ -147,35 +154,48 @@ def _send_pieces(ctx: ExecContext, op: TransferOp) -> tuple[list[tuple[torch.Ten
 
 
 def build_outgoing(ctx: ExecContext, peer: int, ops: list[TransferOp]) -> Outgoing | None:
-    """Pack every SEND op to ``peer`` of one batch into one message (None when it has no bytes)."""
+    """Pack every SEND op to ``peer`` of one batch into one message (None when it has no bytes).
+    With ``ctx.verify``, each op's bytes in the packed message are digested (``verify.py``)."""
     if not _transformed(ctx, ops):
         recipe = _recipe(ctx, ops, "send")
         if recipe.direct is not None or recipe.nbytes == 0:
-            return Outgoing(peer, recipe.direct, 0) if recipe.nbytes else None
-        message = ctx.pool.take(recipe.nbytes, recipe.pieces[0][0].device)
-        for view, slot in recipe.pieces:
-            copy_into(slot_view(message, slot), view)
-        return Outgoing(peer, message, ctx.meter.hold(recipe.nbytes), pooled=True)
+            out = Outgoing(peer, recipe.direct, 0) if recipe.nbytes else None
+        else:
+            message = ctx.pool.take(recipe.nbytes, recipe.pieces[0][0].device)
+            for view, slot in recipe.pieces:
+                copy_into(slot_view(message, slot), view)
+            out = Outgoing(peer, message, ctx.meter.hold(recipe.nbytes), pooled=True)
+        if out is not None and ctx.verify is not None:
+            ctx.verify.sent(peer, out.message, [[slot] for _, slot in recipe.pieces])
+        return out
     pieces: list[tuple[torch.Tensor, torch.dtype]] = []
+    counts: list[int] = []
     produced = 0
     for op in ops:
         more, nbytes = _send_pieces(ctx, op)
         pieces += more
+        counts.append(len(more))
         produced += ctx.meter.hold(nbytes)
     slots, total = layout_slots([(tuple(t.shape), dtype) for t, dtype in pieces])
     if total == 0:
         ctx.meter.release(produced)
         return None
+    span = None
     if all(t.dtype == dtype for t, dtype in pieces):
         span = contiguous_span([t for t, _ in pieces], slots, total)
-        if span is not None:
-            return Outgoing(peer, span, produced)
-    message = ctx.pool.take(total, pieces[0][0].device)
-    staged = ctx.meter.hold(total)
-    for (tensor, _), slot in zip(pieces, slots, strict=True):
-        copy_into(slot_view(message, slot), tensor)
-    ctx.meter.release(produced)
-    return Outgoing(peer, message, staged, pooled=True)
+    if span is not None:
+        out = Outgoing(peer, span, produced)
+    else:
+        message = ctx.pool.take(total, pieces[0][0].device)
+        staged = ctx.meter.hold(total)
+        for (tensor, _), slot in zip(pieces, slots, strict=True):
+            copy_into(slot_view(message, slot), tensor)
+        ctx.meter.release(produced)
+        out = Outgoing(peer, message, staged, pooled=True)
+    if ctx.verify is not None:
+        bounds = itertools.pairwise([0, *itertools.accumulate(counts)])
+        ctx.verify.sent(peer, out.message, [slots[start:end] for start, end in bounds])
+    return out
 
 
 def _landing(ctx: ExecContext, op: TransferOp) -> tuple[Landing, list[tuple[tuple[int, ...], torch.dtype]]]:

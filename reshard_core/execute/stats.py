@@ -16,7 +16,14 @@ class ExecStats:
     ``peak_staging_bytes`` is the most transient memory held at once: pack buffers, staged receives,
     transform wire tensors and buffers, and what transforms declare via ``transient_bytes``.
     Seconds: ``pack`` (packing sends, preparing receives), ``transfer`` (issuing and waiting on the
-    transport), ``local`` (LOCAL ops), ``unpack`` (landing received data, finalize hooks).
+    transport), ``local`` (LOCAL ops), ``unpack`` (landing received data, finalize hooks); with
+    ``verify`` the digests count in the phase they are computed in (``verify.py``).
+    With ``verify``: ``verified_bytes`` are the bytes of the received messages (whole, slot padding
+    included) and of the LOCAL ops whose arrival was checked (all but transformed LOCAL ops), and
+    ``verified_messages`` the received messages checked; ``mismatches`` holds one line per rank
+    pair whose tensors arrived different from what was sent (``"rank 0 → rank 2: 1 tensor arrived
+    different from what was sent: w"``), and one for this rank's local copies that differ from
+    their source.
     """
 
     bytes_sent: int = 0
@@ -31,6 +38,9 @@ class ExecStats:
     seconds_local: float = 0.0
     seconds_unpack: float = 0.0
     seconds_total: float = 0.0
+    verified_bytes: int = 0
+    verified_messages: int = 0
+    mismatches: tuple[str, ...] = ()
 
     @property
     def messages(self) -> int:
