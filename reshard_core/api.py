@@ -198,7 +198,8 @@ class Session:
                     verify=self.verify,
                 )  # fmt: skip
                 if self.verify:  # every rank raises a mismatch that any receiver found
-                    raise_mismatches(stats, self.group, self.transport.timeout)
+                    with failures.raised_alike():
+                        raise_mismatches(stats, self.group, self.transport.timeout)
                 return stats
             except Exception:
                 _forget_transport(self.transport)
@@ -302,14 +303,15 @@ def _session(src: Model, dst: Model, options: _Options) -> tuple[Session, bool]:
     everyone_valid, sides, all_codes, all_digests = _agree(
         valid, src is not None, dst is not None, codes, digests, o.group, o.timeout
     )
-    check_options(all_digests)
-    if o.max_batch_bytes is not None and (isinstance(o.max_batch_bytes, bool) or o.max_batch_bytes <= 0):
-        raise ReshardError(  # the same value on every rank (agreed above): every rank raises this
-            f"max_batch_bytes must be a positive number of bytes or None, got {o.max_batch_bytes!r}"
-        )
-    if everyone_valid:
-        return cached.session, True
-    choice = agreed_formats(formats, all_codes, sides)
+    with failures.raised_alike():  # from every rank's agreed values: every rank raises these
+        check_options(all_digests)
+        if o.max_batch_bytes is not None and (isinstance(o.max_batch_bytes, bool) or o.max_batch_bytes <= 0):
+            raise ReshardError(
+                f"max_batch_bytes must be a positive number of bytes or None, got {o.max_batch_bytes!r}"
+            )
+        if everyone_valid:
+            return cached.session, True
+        choice = agreed_formats(formats, all_codes, sides)
     session = _build(src, dst, sides, options, choice)
     _remember(key, src, dst, signature, session)
     return session, False
@@ -438,7 +440,8 @@ def _build(src: Model, dst: Model, sides: tuple, options: _Options, choice: Form
         problems.errors.append(str(exc))
     if not problems.errors and not problems.unmapped:  # else those name the cause more precisely
         problems.errors += destination_problems(dst_specs, view.rank, o.ignore)
-    raise_if_any(problems, group, o.timeout)
+    with failures.raised_alike():
+        raise_if_any(problems, group, o.timeout)
     transforms = _transforms(dst, dst_specs, o.transform)
     seconds["extract"] = time.perf_counter() - t
 
@@ -447,21 +450,22 @@ def _build(src: Model, dst: Model, sides: tuple, options: _Options, choice: Form
     seconds["exchange"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    try:
-        plan, _ = cached_plan_rank(
-            table,
-            view.rank,
-            max_batch_bytes=o.max_batch_bytes,
-            ignore=o.ignore,
-            tied=choice.ties(o.tied),
-            group=view.key,
-            cast=o.cast,
-        )
-    except PlanError as exc:
-        hint = logical_hint(str(exc)) if choice.mapped else ""
-        if not hint:
-            raise
-        raise PlanError(f"{exc}{hint}") from None
+    with failures.raised_alike():  # every rank validates the same table
+        try:
+            plan, _ = cached_plan_rank(
+                table,
+                view.rank,
+                max_batch_bytes=o.max_batch_bytes,
+                ignore=o.ignore,
+                tied=choice.ties(o.tied),
+                group=view.key,
+                cast=o.cast,
+            )
+        except PlanError as exc:
+            hint = logical_hint(str(exc)) if choice.mapped else ""
+            if not hint:
+                raise
+            raise PlanError(f"{exc}{hint}") from None
     seconds["plan"] = time.perf_counter() - t
     with torch.no_grad():  # once the plan is valid: a refused refit leaves the destination untouched
         for pad in padding:  # zero-filled once: no source element ever lands there

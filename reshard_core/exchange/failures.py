@@ -4,8 +4,9 @@ waiting for it read it and raise at once, with that rank's own words.
 Without it, a rank that raises on its own (a destination that is no module, a transform whose
 ``prepare_send`` fails) leaves its peers waiting in a collective or a receive until the timeout,
 after which they can only say that it did not join. ``watched(group)`` wraps each refit call on a
-rank: it publishes any error the body raises that is not a peer's (``TransportError``), and at the
-rank's next call on that group it takes its record down again. A record therefore stands exactly
+rank: it publishes any error the body raises that is neither a peer's (``TransportError``) nor one
+every rank raises alike (``raised_alike``), and at the rank's next call on that group it takes its
+record down again. A record therefore stands exactly
 while its rank is out of the group's refits: failed and gone, or failed and not back yet. A peer
 accepts a record only once it has stood for ``CONFIRM`` seconds, so a rank that failed alone and is
 already on its way into the peer's refit (its own call raised before any communication) is never
@@ -27,7 +28,7 @@ from concurrent.futures import TimeoutError as _Pending
 from contextlib import contextmanager
 from typing import Any
 
-from ..errors import TransportError
+from ..errors import ReshardError, TransportError
 from ..refit_group import RefitGroup, view_of
 
 POLL = 0.05
@@ -65,12 +66,24 @@ def watched(group: Any) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        if not isinstance(exc, TransportError):
+        if not isinstance(exc, TransportError) and not getattr(exc, "raised_alike", False):
             publish(view, exc)
         raise
     finally:
         with _lock:
             _active.discard(view.key)
+
+
+@contextmanager
+def raised_alike() -> Iterator[None]:
+    """Errors raised inside are raised alike by every rank, after an agreement round (a verdict, a
+    plan every rank validates): no peer waits for this rank, so ``watched`` does not publish them
+    (a record would outlive the refit and stand in the way of the next one)."""
+    try:
+        yield
+    except ReshardError as exc:
+        exc.raised_alike = True  # type: ignore[attr-defined]
+        raise
 
 
 def publish(view: RefitGroup, exc: BaseException) -> None:

@@ -247,3 +247,31 @@ def test_across_jobs_the_other_job_reads_the_failed_rank_and_its_reason():
         assert text.startswith("PeerFailed: rank "), text
         assert f"rank 1 failed: {reason}" in text, text
         assert seconds < AT_ONCE, seconds
+
+
+def _refused_then_late(rank: int, world: int) -> tuple[str, str]:
+    """Every rank is refused alike (a plan error after the verdict); then rank 1 comes back 1 s
+    after the others for a good refit. The refusal was no one rank's failure: nothing stands."""
+    import reshard_core
+
+    src, dst = _models(rank)
+    wrong = None
+    if dst is not None:  # 5 columns where the source has 4
+        wrong = nn.Module()
+        wrong.w = nn.Parameter(torch.zeros(4, 5))
+        reshard_core.declare_layout(wrong.w, dim=0, ranks=(1, 2))
+    try:
+        reshard_core.refit(src, wrong, timeout=TIMEOUT)
+        refused = "no error"
+    except Exception as exc:  # noqa: BLE001
+        refused = type(exc).__name__
+    if rank == 1:
+        time.sleep(1.0)
+    reshard_core.refit(src, dst, timeout=TIMEOUT)
+    exact = dst is None or torch.equal(dst.w, torch.arange(32.0).reshape(8, 4)[4 * (rank - 1) : 4 * rank])
+    return refused, "exact" if exact else "wrong"
+
+
+def test_an_error_every_rank_raised_alike_does_not_stand_in_the_next_refit():
+    results = run_world(_refused_then_late, 3, timeout=120, pg_timeout=60)
+    assert results == [("PlanError", "exact")] * 3

@@ -97,7 +97,8 @@ def build_megatron(full: dict[str, torch.Tensor], tp: int, ng: int):
     config = TransformerConfig(
         num_layers=s["layers"], hidden_size=s["hidden"], num_attention_heads=s["heads"],
         num_query_groups=ng, kv_channels=s["head_dim"], ffn_hidden_size=s["inter"],
-        gated_linear_unit=True, add_bias_linear=False, normalization="RMSNorm", use_cpu_initialization=True,
+        gated_linear_unit=True, activation_func=torch.nn.functional.silu, add_bias_linear=False,
+        normalization="RMSNorm", use_cpu_initialization=True,
         tensor_model_parallel_size=tp, pipeline_dtype=torch.float32, params_dtype=torch.float32,
         hidden_dropout=0.0, attention_dropout=0.0,
     )  # fmt: skip
