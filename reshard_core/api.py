@@ -145,10 +145,13 @@ class Session:
             self._refresh()  # first: Megatron's all-gathers are collective even where a model changed
             problem = self._changed()
             if problem is not None:
-                raise ReshardError(
-                    f"rank {self.plan.rank}: the prepared session no longer fits its models ({problem}); "
-                    "call reshard_core.prepare() again on every rank"
-                )
+                # Not published: ranks whose models changed refuse before any communication and are
+                # expected to prepare again at once; a record would stand in their next refit.
+                with failures.raised_alike():
+                    raise ReshardError(
+                        f"rank {self.plan.rank}: the prepared session no longer fits its models ({problem}); "
+                        "call reshard_core.prepare() again on every rank"
+                    )
             return _report(self, self._run(cast, version), True, time.perf_counter() - start)
 
     def built_for(self, src: Model, dst: Model, signature: tuple) -> bool:
