@@ -38,7 +38,7 @@ def wait(work: Any, timeout: float | None, group: Any, what: str) -> None:
         work.wait() if timeout is None else work.wait(datetime.timedelta(seconds=timeout))
 
     try:
-        failures.wait_for(block, group, what, on_slow=lambda: _mark(view, prefix))
+        failures.wait_for(block, view, what, on_slow=lambda: _mark(view, prefix))
     except failures.PeerFailed:
         raise
     except Exception as exc:

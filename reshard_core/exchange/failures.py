@@ -130,7 +130,7 @@ def failed_peers(view: RefitGroup) -> dict[int, str]:
 
 def wait_for(
     block: Callable[[], None],
-    group: Any,
+    view: RefitGroup,
     what: str | Callable[[], str],
     on_slow: Callable[[], None] | None = None,
 ) -> None:
@@ -138,7 +138,6 @@ def wait_for(
     raise as it does; raise ``PeerFailed`` ("rank R: <what>: rank P failed: <its error>") as soon as
     a peer publishes (``what`` may be a callable, evaluated only then). Outside a watched refit, or
     without a store, just runs ``block``."""
-    view = view_of(group)
     if view.key not in _active or view.store() is None:
         block()
         return

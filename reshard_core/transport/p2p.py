@@ -235,7 +235,7 @@ class P2PCopyService(CopyService):
             wait_all()
         else:
             try:
-                failures.wait_for(wait_all, self.group, lambda: f"{self.name}: {list_ops(flight.ops)}")
+                failures.wait_for(wait_all, self.view, lambda: f"{self.name}: {list_ops(flight.ops)}")
             except failures.PeerFailed:
                 _ABANDONED.append(flight)  # the helper thread still waits on it, until its deadline
                 self._owns_comm = False  # closing would block on that wait: the comm is left to the process
