@@ -1,7 +1,7 @@
 """Plan-shaping options agreed across ranks: a rank passing different ones must fail everyone.
 
-Ranks that plan with different ``ignore``, ``tied``, ``max_batch_bytes``, ``cast``, ``verify`` or
-transports build plans that do not pair up: tensors cross-wire silently or a receiver aborts on a
+Ranks that plan with different ``ignore``, ``tied``, ``max_batch_bytes``, ``cast``, ``verify``,
+``delta`` or transports build plans or executions that do not pair up: tensors cross-wire silently or a receiver aborts on a
 size mismatch. Each rank adds one CRC-32 per option to the agreement all-gather (``api._agree``);
 every rank compares them and raises the same ``ReshardError`` naming the option and the groups of
 ranks that differ.
@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from ..errors import ReshardError
 from ..plan.describe import format_ranks
 
-OPTION_NAMES = ("ignore", "tied", "max_batch_bytes", "transport", "cast", "verify")
+OPTION_NAMES = ("ignore", "tied", "max_batch_bytes", "transport", "cast", "verify", "delta")
 
 
 def option_digests(
@@ -25,6 +25,7 @@ def option_digests(
     transport: object,
     cast: bool = False,
     verify: bool = False,
+    delta: bool = False,
 ) -> tuple[int, ...]:
     """One non-negative int32 per option of ``OPTION_NAMES``, equal on two ranks iff the values are."""
     name = transport if isinstance(transport, str) else getattr(transport, "name", type(transport).__name__)
@@ -35,6 +36,7 @@ def option_digests(
         str(name),
         repr(bool(cast)),
         repr(bool(verify)),
+        repr(bool(delta)),
     )
     return tuple(zlib.crc32(v.encode()) & 0x7FFFFFFF for v in values)
 
@@ -55,5 +57,6 @@ def check_options(digests: Mapping[int, Sequence[int]]) -> None:
     if differing:
         raise ReshardError(
             "refit options differ across ranks: " + "; ".join(differing) + "; every rank must pass the "
-            "same ignore=, tied=, max_batch_bytes=, transport=, cast= and verify= (they shape the plan)"
+            "same ignore=, tied=, max_batch_bytes=, transport=, cast=, verify= and delta= (they shape the "
+            "plan and its execution)"
         )

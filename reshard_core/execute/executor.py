@@ -33,6 +33,7 @@ from ..errors import TransportError
 from ..plan.ops import RankPlan
 from ..transform import ReshardTransform, assign_transforms
 from ..transport.copy_service import CopyService
+from . import delta as deltas
 from .check import check_inputs
 from .memo import ExecMemo
 from .messages import ExecContext, Incoming, Outgoing, build_incoming, build_outgoing, land, run_local
@@ -83,6 +84,7 @@ def execute_plan(
     window: int = 0,
     memo: ExecMemo | None = None,
     verify: bool = False,
+    delta: deltas.DeltaState | None = None,
 ) -> ExecStats:
     """Execute ``plan`` on this rank; collective with every peer the plan names.
 
@@ -102,7 +104,11 @@ def execute_plan(
     and direction; every peer of the plan must pass the same ``verify``); ``ExecStats`` then counts
     what was checked and lists ``mismatches``, which this call does not raise: ``verify.
     raise_mismatches`` makes every rank raise them (see ``verify.py``). Without it nothing of
-    this runs. Inputs are checked before any data moves (``PlanError``); transport
+    this runs. ``delta``: the state a session keeps between delta executions (``delta.py``): only
+    changed words then cross the wire, after two small rounds with every peer (every peer of the
+    plan must pass one; ``ExecStats.delta`` reports it). Without it, this call marks the
+    destinations as written by a non-delta execution, so a later delta one sends them whole.
+    Inputs are checked before any data moves (``PlanError``); transport
     failures, and any other error raised inside the transport's code, raise ``TransportError``
     prefixed once with the transport and the plugin providing it (``transport 'gloo' (plugin
     reshard-gloo): rank 1, batch 0: gloo: recv from rank 0 ... failed: ...``).
@@ -125,11 +131,23 @@ def execute_plan(
     ctx.stats.batches = len(schedule.batches)
     if verify:
         ctx.verify = Verifier(plan, exchange_device(transport))
+    if delta is None:
+        deltas.stamp(dst_tensors, 0)
+    else:
+        ctx.delta = deltas.DeltaRun(delta, ctx, schedule)
     try:
+        if ctx.delta is not None:
+            with ctx.stats.timed("pack"):
+                ctx.delta.begin(transport, "cast=True" if cast else None)
         _pipeline(ctx, schedule, transport, window)
         if ctx.verify is not None:
             ctx.verify.finish(transport, ctx.stats)
+        if ctx.delta is not None:
+            ctx.delta.finish()
+            ctx.stats.delta = ctx.delta.stats()
     except Exception as exc:
+        if delta is not None:
+            delta.invalidate()
         named = _named_transport_error(exc, transport)
         if named is None:
             raise
@@ -221,7 +239,9 @@ def _launch(ctx: ExecContext, batch: Batch, schedule: Schedule, transport: CopyS
     rank, index = ctx.plan.rank, batch.index
     for peer, seq, ops in schedule.receives[index]:
         with ctx.stats.timed("pack"):
-            incoming = build_incoming(ctx, peer, ops)
+            incoming = ctx.delta.incoming((index, peer, seq), ops) if ctx.delta is not None else None
+            if incoming is None:
+                incoming = build_incoming(ctx, peer, ops)
         if incoming is None:
             continue
         if ctx.verify is not None:
@@ -235,7 +255,9 @@ def _launch(ctx: ExecContext, batch: Batch, schedule: Schedule, transport: CopyS
                 flight.waits.append(([incoming], start().wait))
     for peer, seq, ops in schedule.sends[index]:
         with ctx.stats.timed("pack"):
-            outgoing = build_outgoing(ctx, peer, ops)
+            outgoing = ctx.delta.outgoing((index, peer, seq)) if ctx.delta is not None else None
+            if outgoing is None:
+                outgoing = build_outgoing(ctx, peer, ops)
         if outgoing is None:
             continue
         with ctx.stats.timed("transfer"):

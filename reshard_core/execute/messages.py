@@ -28,6 +28,7 @@ from .slots import Slot, layout_slots, slot_view
 from .stats import ExecStats, StagingMeter
 
 if TYPE_CHECKING:
+    from .delta import DeltaRun
     from .verify import Verifier
 
 
@@ -48,6 +49,8 @@ class ExecContext:
     """Untransformed messages' recipes by ``(id(ops), direction)``, kept by an ``ExecMemo``."""
     verify: Verifier | None = None
     """Set when the execution verifies arrivals (``verify.py``); None keeps the data path bare."""
+    delta: DeltaRun | None = None
+    """Set for a delta execution (``delta.py``): the messages it prepared and the sizes announced."""
 
     def wire_dtype(self, name: str) -> torch.dtype:
         return self.plan.tensors[name].dtype
@@ -105,6 +108,8 @@ class Incoming:
 
     recipe: Recipe | None = None
     """Set for an untransformed message: ``land`` unpacks by it (``landings`` is then empty)."""
+    encoded: bool = False
+    """``message`` is a delta against what the destination holds (``delta.py``), not the data."""
 
     @property
     def pooled(self) -> bool:
@@ -123,7 +128,7 @@ class Recipe:
     nbytes: int
 
 
-def _recipe(ctx: ExecContext, ops: list[TransferOp], direction: str) -> Recipe:
+def recipe_of(ctx: ExecContext, ops: list[TransferOp], direction: str) -> Recipe:
     """The (memoized) recipe of a message of untransformed ops; ``direction``: "send" or "recv"."""
     key = (id(ops), direction)
     found = ctx.recipes.get(key)
@@ -157,7 +162,7 @@ def build_outgoing(ctx: ExecContext, peer: int, ops: list[TransferOp]) -> Outgoi
     """Pack every SEND op to ``peer`` of one batch into one message (None when it has no bytes).
     With ``ctx.verify``, each op's bytes in the packed message are digested (``verify.py``)."""
     if not _transformed(ctx, ops):
-        recipe = _recipe(ctx, ops, "send")
+        recipe = recipe_of(ctx, ops, "send")
         if recipe.direct is not None or recipe.nbytes == 0:
             out = Outgoing(peer, recipe.direct, 0) if recipe.nbytes else None
         else:
@@ -246,7 +251,7 @@ def _direct_target(landings: list[Landing], slots: list[Slot]) -> torch.Tensor |
 def build_incoming(ctx: ExecContext, peer: int, ops: list[TransferOp]) -> Incoming | None:
     """Prepare the one message expected from ``peer`` in a batch (None when it has no bytes)."""
     if not _transformed(ctx, ops):
-        recipe = _recipe(ctx, ops, "recv")
+        recipe = recipe_of(ctx, ops, "recv")
         if recipe.nbytes == 0:
             return None
         if recipe.direct is not None:
@@ -276,6 +281,11 @@ def _buffer_bytes(landings: list[Landing]) -> int:
 
 def land(ctx: ExecContext, incoming: Incoming) -> None:
     """Unpack a completed message: one copy per op (cast if asked), or the transform's finalize_recv."""
+    if incoming.encoded:
+        from .delta import land as land_delta  # delta imports this module
+
+        land_delta(incoming)
+        return
     if incoming.recipe is not None:
         if not incoming.direct:
             for target, slot in incoming.recipe.pieces:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .delta import DeltaStats
 
 
 @dataclass
@@ -23,7 +27,7 @@ class ExecStats:
     ``verified_messages`` the received messages checked; ``mismatches`` holds one line per rank
     pair whose tensors arrived different from what was sent (``"rank 0 → rank 2: 1 tensor arrived
     different from what was sent: w"``), and one for this rank's local copies that differ from
-    their source.
+    their source. ``delta``: what a delta execution did (``delta.DeltaStats``), None without one.
     """
 
     bytes_sent: int = 0
@@ -41,6 +45,7 @@ class ExecStats:
     verified_bytes: int = 0
     verified_messages: int = 0
     mismatches: tuple[str, ...] = ()
+    delta: DeltaStats | None = None
 
     @property
     def messages(self) -> int:

@@ -251,7 +251,7 @@ def test_ranks_passing_different_plan_options_all_fail_naming_the_options_before
     want = (
         "ReshardError: refit options differ across ranks: ignore (ranks [0, 2] vs ranks [1]); "
         "max_batch_bytes (ranks [0, 1] vs ranks [2]); every rank must pass the same ignore=, tied=, "
-        "max_batch_bytes=, transport=, cast= and verify= (they shape the plan)"
+        "max_batch_bytes=, transport=, cast=, verify= and delta= (they shape the plan and its execution)"
     )
     assert outcomes["options_differ"] == [(want, True, "ok", True)] * 3
 

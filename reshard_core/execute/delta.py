@@ -1,0 +1,375 @@
+"""Delta refits (``refit(..., delta=True)``): only the 16-bit words that changed since the last
+update a receiver confirmed cross the wire, encoded by ``delta_codec``.
+
+A sender keeps a **snapshot** of every eligible message it sends: the message's bytes as the
+receiver holds them once it applied it (memory: the bytes this rank sends per refit, on the
+messages' device; ``DeltaStats.held_bytes``). A receiver keeps, per sender, the **id** of the last
+update from that sender it applied in full. One delta execution:
+
+1. **confirm**: each receiver sends each of its senders that id, or ``(0, 0)`` when it has none:
+   its first delta refit, its last execution failed, or anything else wrote its destinations since
+   (another session's refit, a refit without ``delta``; see ``stamp``);
+2. **encode**: for a receiver whose confirmed id is the one the sender's snapshots stand at, each
+   eligible message is diffed against its snapshot and goes as a delta when that is at most
+   ``DENSE_RATIO`` of its dense bytes; every other message goes dense. Either way the snapshot
+   becomes the message's new content, tagged with this update's id;
+3. **announce**: each sender sends each receiver the update's id and, per message, the encoded
+   size or -1 (dense); the receiver then knows every buffer to post;
+4. the executor's pipeline runs as usual; a delta message lands by reading the destination's old
+   words at the changed positions and writing the new ones (``land``);
+5. once every message from a sender landed, the receiver records that sender's update id.
+
+So a snapshot is trusted only after its receiver confirmed it holds what the snapshot says: a
+failed or partial apply, on either side, makes the next refit dense for that pair, and no update is
+ever applied twice. Eligible: untransformed messages of at least ``MIN_BYTES`` whose wire dtypes
+all have an even item size, without ``cast`` (a cast destination does not hold the wire's bits). Every rank of the plan must
+pass the same ``delta`` (an agreed option).
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import ReshardError, TransportError
+from ..plan.describe import format_ranks
+from ..plan.ops import TransferOp
+from ..transport.copy_service import CopyService
+from ..views import copy_into, materialize
+from . import delta_codec
+from .messages import ExecContext, Incoming, Outgoing, recipe_of
+from .schedule import Schedule, message_task_id
+from .slots import Slot, slot_view
+from .verify import exchange_device
+
+DENSE_RATIO = 0.5
+"""A message goes as a delta only when its encoding is at most this share of its dense bytes: a
+delta costs the receiver a gather and a scatter per changed word, a dense message one copy."""
+
+MIN_BYTES = 1024
+"""Smaller messages always go whole and keep no snapshot (a delta's header alone is 40 bytes)."""
+
+_serials = itertools.count(1)
+_writers: dict[int, int] = {}
+"""Destination storage address -> serial of the ``DeltaState`` whose execution wrote it last (0: an
+execution without delta). Only kept once some delta state exists."""
+
+MessageKey = tuple[int, int, int]
+"""``(batch, peer, seq)``: one message of the schedule."""
+
+
+@dataclass(frozen=True)
+class DeltaStats:
+    """What one delta execution did on this rank (``RefitReport.delta``).
+
+    ``messages`` went as deltas, ``dense_messages`` whole; ``changed_words`` of ``compared_words``
+    16-bit words differed from the snapshots; ``full_bytes`` is what a full refit would have sent
+    (``RefitReport.bytes_sent`` is what was); ``held_bytes`` the snapshots kept for the next delta
+    refit; ``note`` says why messages went dense (empty when none had to)."""
+
+    messages: int = 0
+    dense_messages: int = 0
+    changed_words: int = 0
+    compared_words: int = 0
+    full_bytes: int = 0
+    held_bytes: int = 0
+    note: str = ""
+
+
+@dataclass
+class DeltaState:
+    """What a prepared session keeps between delta refits (see the module docstring)."""
+
+    serial: int = field(default_factory=lambda: next(_serials))
+    nonce: int = field(default_factory=lambda: secrets.randbits(62) + 1)
+    seq: int = 0
+    snapshots: dict[MessageKey, torch.Tensor] = field(default_factory=dict)
+    sent: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Per receiver: the update id this rank's snapshots for it stand at."""
+    applied: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Per sender: the id of the last update from it this rank applied in full."""
+    origin: str = "first delta refit of this plan"
+    """Why its first execution is full (the session's plan is new, or was rebuilt)."""
+
+    def invalidate(self) -> None:
+        """After a failed execution: the next one is dense for every pair this rank is in."""
+        self.sent.clear()
+        self.applied.clear()
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(s.nbytes for s in self.snapshots.values())
+
+
+def stamp(dst: Mapping[str, torch.Tensor | None], serial: int) -> None:
+    """Record that an execution of the ``DeltaState`` ``serial`` (0: one without delta) writes these
+    destinations. A no-op until the first delta refit, so plain refits pay nothing."""
+    if serial or _writers:
+        for key in _storage_keys(dst):
+            _writers[key] = serial
+
+
+def written_only_by(dst: Mapping[str, torch.Tensor | None], serial: int) -> bool:
+    """Whether the last execution writing each of these destinations was one of ``serial``'s."""
+    return all(_writers.get(key) == serial for key in _storage_keys(dst))
+
+
+def _storage_keys(dst: Mapping[str, torch.Tensor | None]) -> Iterable[int]:
+    for tensor in dst.values():
+        if isinstance(tensor, torch.Tensor):
+            yield getattr(tensor, "_local_tensor", tensor).untyped_storage().data_ptr()
+
+
+class DeltaRun:
+    """One delta execution on one rank: the rounds before the pipeline, the messages it prepared,
+    and the landing of received deltas. Built by ``begin``; the executor asks ``outgoing`` and
+    ``incoming_size`` per message and calls ``land`` for an encoded incoming one."""
+
+    def __init__(self, state: DeltaState, ctx: ExecContext, schedule: Schedule) -> None:
+        self.state, self.ctx, self.schedule = state, ctx, schedule
+        self.prepared: dict[MessageKey, Outgoing] = {}
+        self.sizes: dict[MessageKey, int] = {}
+        self.update: dict[int, tuple[int, int]] = {}  # per sender: the id it announced
+        self.messages = self.dense = self.changed = self.compared = self.full = self.too_dense = 0
+        self.notes: dict[str, list[int]] = {}
+        """Why messages to some receivers went whole: reason -> those receivers."""
+
+    # -- before the pipeline ------------------------------------------------------------------------
+
+    def begin(self, transport: CopyService, enabled: str | None) -> None:
+        """Confirm, encode and announce (module docstring, steps 1-3). ``enabled``: None, or why
+        every message goes dense this time (e.g. ``cast``); the rounds run either way."""
+        state, ctx = self.state, self.ctx
+        fresh = written_only_by(ctx.dst, state.serial)
+        stamp(ctx.dst, state.serial)
+        if not fresh:
+            state.applied.clear()
+        sends, recvs = self._messages("send"), self._messages("recv")
+        confirmed = self._round(
+            transport, 1, {p: list(state.applied.get(p, (0, 0))) for p in recvs}, {p: 2 for p in sends}
+        )
+        state.seq += 1
+        update = (state.nonce, state.seq)
+        announce = {}
+        for peer, keys in sends.items():
+            known = tuple(confirmed[peer]) == state.sent.get(peer, (-1, -1))
+            if enabled is not None or not known:
+                self.notes.setdefault(enabled or self._why_full(peer, confirmed[peer]), []).append(peer)
+            state.sent.pop(peer, None)  # the snapshots change below: trusted again once confirmed
+            announce[peer] = [*update, *(self._prepare(key, known and enabled is None) for key in keys)]
+            state.sent[peer] = update
+        received = self._round(transport, 2, announce, {p: 2 + len(keys) for p, keys in recvs.items()})
+        for peer, keys in recvs.items():
+            values = received[peer]
+            self.update[peer] = (values[0], values[1])
+            self.sizes.update(zip(keys, values[2:], strict=True))
+
+    def _why_full(self, peer: int, confirmed: list[int]) -> str:
+        if self.state.seq == 1:
+            return self.state.origin
+        if confirmed == [0, 0]:
+            return "the receiver holds no delta baseline (its last refit failed or its weights were rewritten)"
+        return "the receiver did not confirm the last update"
+
+    def _messages(self, direction: str) -> dict[int, list[MessageKey]]:
+        """Every message of this rank in one direction, by peer, in schedule order."""
+        out: dict[int, list[MessageKey]] = {}
+        by_batch = self.schedule.sends if direction == "send" else self.schedule.receives
+        for batch in self.schedule.batches:
+            for peer, seq, _ in by_batch[batch.index]:
+                out.setdefault(peer, []).append((batch.index, peer, seq))
+        return out
+
+    def _round(
+        self, transport: CopyService, step: int, out: Mapping[int, list[int]], expect: Mapping[int, int]
+    ) -> dict[int, list[int]]:
+        """Send each peer in ``out`` its int64 values and receive ``expect[peer]`` values from each
+        peer in ``expect``, tagged as batch ``num_batches + step``."""
+        plan = self.ctx.plan
+        rank, index = plan.rank, plan.num_batches + step
+        device = exchange_device(transport)
+        inbound = {}
+        for peer, n in expect.items():
+            inbound[peer] = torch.empty(n, dtype=torch.int64, device=device)
+            transport.submit_recv(inbound[peer], peer, message_task_id(index, peer, rank))
+        for peer, values in out.items():
+            transport.submit_send(torch.tensor(values, dtype=torch.int64, device=device), peer,
+                                  message_task_id(index, rank, peer))  # fmt: skip
+        start = getattr(transport, "start", None)
+        try:
+            start().wait() if callable(start) else transport.run()
+        except TransportError as exc:
+            what = "confirm" if step == 1 else "announce"
+            raise TransportError(f"rank {rank}, delta {what} round: {exc}") from exc
+        return {peer: buffer.tolist() for peer, buffer in inbound.items()}
+
+    def _prepare(self, key: MessageKey, known: bool) -> int:
+        """Build message ``key`` now: a delta when ``known`` and small enough, else dense; advance
+        its snapshot. Returns the size to announce (-1: dense)."""
+        ops = self._ops(key, self.schedule.sends)
+        if not eligible(self.ctx, ops):
+            return -1
+        ctx, state = self.ctx, self.state
+        recipe = recipe_of(ctx, ops, "send")
+        if recipe.nbytes == 0:
+            return -1
+        self.full += recipe.nbytes
+        scratch = None
+        if recipe.direct is not None:
+            current = _as_bytes(recipe.direct)
+        else:
+            current = scratch = ctx.pool.take(recipe.nbytes, recipe.pieces[0][0].device)
+            for view, slot in recipe.pieces:
+                copy_into(slot_view(current, slot), view)
+        snapshot = state.snapshots.get(key)
+        size = -1
+        try:
+            if snapshot is None:
+                snapshot = state.snapshots[key] = current.clone()
+            else:
+                cur16, old16 = current.view(torch.int16), snapshot.view(torch.int16)
+                changed = torch.ne(cur16, old16)
+                count = int(changed.sum())
+                self.changed += count
+                self.compared += cur16.numel()
+                if known and delta_codec.lower_bound(count) <= DENSE_RATIO * recipe.nbytes:
+                    payload = delta_codec.encode(cur16, old16, changed)
+                    if payload.numel() <= DENSE_RATIO * recipe.nbytes:
+                        size = payload.numel()
+                        snapshot.copy_(current)
+                        self.prepared[key] = Outgoing(key[1], payload, ctx.meter.hold(size))
+                        self.messages += 1
+                if size < 0:
+                    snapshot.copy_(current)
+                    self.too_dense += known
+        finally:
+            if scratch is not None:
+                ctx.pool.give(scratch)
+        if size < 0:
+            message = recipe.direct if recipe.direct is not None else snapshot
+            self.prepared[key] = Outgoing(key[1], message, 0)
+            self.dense += 1
+        if ctx.verify is not None:
+            ctx.verify.sent(key[1], snapshot, [[slot] for _, slot in recipe.pieces])
+        return size
+
+    def _ops(self, key: MessageKey, by_batch: Mapping[int, list]) -> list[TransferOp]:
+        batch, peer, seq = key
+        for p, s, ops in by_batch[batch]:
+            if p == peer and s == seq:
+                return ops
+        raise AssertionError(f"message {key} is not in the schedule")
+
+    # -- during the pipeline --------------------------------------------------------------------------
+
+    def outgoing(self, key: MessageKey) -> Outgoing | None:
+        """The message ``begin`` prepared for ``key`` (None: the executor builds it as usual)."""
+        return self.prepared.pop(key, None)
+
+    def incoming(self, key: MessageKey, ops: list[TransferOp]) -> Incoming | None:
+        """The receive for an encoded message ``key`` (None: a dense one, built as usual)."""
+        size = self.sizes.get(key, -1)
+        if size < 0:
+            return None
+        if not eligible(self.ctx, ops):
+            raise ReshardError(
+                f"rank {self.ctx.plan.rank}: rank {key[1]} sent a delta for tensors this rank cannot "
+                f"take one for ({', '.join(dict.fromkeys(op.name for op in ops))}): every rank must "
+                "pass the same transform and cast"
+            )
+        recipe = recipe_of(self.ctx, ops, "recv")
+        message = self.ctx.pool.take(size, recipe.pieces[0][0].device)
+        return Incoming(key[1], message, [], False, self.ctx.meter.hold(size), recipe, encoded=True)
+
+    def finish(self) -> None:
+        """After every message landed: record each sender's update as applied."""
+        self.state.applied = dict(self.update)
+
+    def stats(self) -> DeltaStats:
+        notes = [f"full to ranks {format_ranks(ranks)}: {why}" for why, ranks in self.notes.items()]
+        if self.too_dense:
+            notes.append(f"{self.too_dense} message{'s' if self.too_dense > 1 else ''} whole: "
+                         "changed too densely for a delta")  # fmt: skip
+        return DeltaStats(
+            self.messages, self.dense, self.changed, self.compared, self.full, self.state.held_bytes,
+            "; ".join(notes),
+        )
+
+
+def eligible(ctx: ExecContext, ops: list[TransferOp]) -> bool:
+    """Whether a message of ``ops`` can travel as a delta (the module docstring's rule; messages
+    under ``MIN_BYTES`` always go whole)."""
+    if ctx.transforms and any(op.name in ctx.transforms for op in ops):
+        return False
+    if sum(ctx.plan.bytes_of(op) for op in ops) < MIN_BYTES:
+        return False
+    return all(ctx.wire_dtype(op.name).itemsize % 2 == 0 for op in ops)
+
+
+def land(incoming: Incoming) -> None:
+    """Apply an encoded message: for each changed word, read the destination's old word and write
+    the new one (work proportional to the changed words)."""
+    recipe = incoming.recipe
+    delta = delta_codec.decode(incoming.message)
+    if delta_codec.payload_words(incoming.message) * 2 != recipe.nbytes:
+        raise ReshardError(
+            f"a delta from rank {incoming.peer} was encoded for a message of "
+            f"{delta_codec.payload_words(incoming.message) * 2} bytes, this rank expects {recipe.nbytes}"
+        )
+    if recipe.direct is not None:
+        _apply(_as_bytes(recipe.direct).view(torch.int16), delta.positions, delta, 0, None)
+        return
+    bounds = torch.tensor([s.offset // 2 for _, s in recipe.pieces] + [recipe.nbytes // 2])
+    cuts = torch.searchsorted(delta.positions.cpu(), bounds).tolist()
+    for (target, slot), lo, hi in zip(recipe.pieces, cuts, cuts[1:], strict=False):
+        if lo == hi:
+            continue
+        local = delta.positions[lo:hi] - slot.offset // 2
+        local = local[local < slot.nbytes // 2]  # words of the padding after a slot carry nothing
+        _write_words(target, slot, local, delta, lo)
+
+
+def _apply(words: torch.Tensor, index: torch.Tensor, delta: delta_codec.Delta, lo: int, hi: int | None) -> None:
+    words[index] = delta.values(words[index], lo, hi)
+
+
+def _write_words(target, slot: Slot, local: torch.Tensor, delta: delta_codec.Delta, lo: int) -> None:
+    """Apply ``delta``'s entries ``lo..`` (at word ``local`` of ``target``'s row-major words)."""
+    hi = lo + local.numel()
+    if isinstance(target, torch.Tensor) and target.is_contiguous():
+        _apply(target.reshape(-1).view(torch.int16), local, delta, lo, hi)
+    elif isinstance(target, torch.Tensor):
+        _apply(_storage_words(target), _strided_words(target, local), delta, lo, hi)
+    else:  # a split region: through one contiguous copy of it
+        region = materialize(target).contiguous()
+        _apply(region.reshape(-1).view(torch.int16), local, delta, lo, hi)
+        copy_into(target, region)
+
+
+def _storage_words(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole storage under ``tensor`` as a flat int16 tensor."""
+    storage = tensor.untyped_storage()
+    words = torch.empty(0, dtype=torch.int16, device=tensor.device)
+    return words.set_(storage, 0, (storage.nbytes() // 2,), (1,))
+
+
+def _strided_words(tensor: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """Storage word indices of the row-major words ``local`` of a strided ``tensor``."""
+    per = tensor.element_size() // 2
+    element, word = local // per, local % per
+    offset = torch.full_like(element, tensor.storage_offset())
+    for size, stride in zip(reversed(tensor.shape), reversed(tensor.stride()), strict=True):
+        offset += (element % size) * stride
+        element = element // size
+    return offset * per + word
+
+
+def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.reshape(-1).view(torch.uint8)
+
+
+

@@ -1,0 +1,163 @@
+"""The wire encoding of a delta message: which 16-bit words of a message changed, and how.
+
+A message is read as little-endian 16-bit words (a BF16 element is one word, an FP32 element two).
+Against the sender's snapshot of what the receiver holds, a delta lists the changed words:
+
+- **positions** as one token per changed word, of one byte or (for sparse messages, when that is
+  smaller) two: token ``t < S`` puts the next changed word ``t + 1`` words after the previous one;
+  ``t = S`` (255, or 65535) skips ``S`` words and names none. At density ``p`` byte tokens cost
+  about ``1 + (1-p)^255`` bytes per changed word (1.08 at 1 %, 1.0 above 3 %);
+- **values** as ``bits``-wide codes of the difference ``d = new - old`` of the word read as a signed
+  integer, wrapped to 16 bits (``d != 0`` always). A small weight update moves a BF16 value by one or
+  two units in the last place, which is ``d = ±1, ±2``: it needs 2 bits. Code ``z`` is ``2(d-1)``
+  for ``d > 0`` and ``-2d-1`` for ``d < 0``; the top code ``2^bits - 1`` is an escape whose word
+  follows whole (its new value, not a difference). ``bits`` is 2, 4, 8 or 16 (16: every new value
+  whole, no codes), whichever gives the fewest bytes for this message.
+
+Layout: a header of five int64 (changed words, tokens, token bytes × 256 + bits, escapes, the
+message's word count), the tokens (2-byte tokens start at an even offset), the packed codes (little end first within a byte), padding to an even offset, the
+escaped words as int16. Decoding gives the positions and the changes; the receiver reads its
+old words there and writes the new ones: work and memory proportional to the changed words, never
+to the message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+HEADER_BYTES = 40
+_WIDTHS = (2, 4, 8)
+
+
+@dataclass(frozen=True)
+class Delta:
+    """A decoded delta: ``positions`` (int64, ascending word indices) and how each word changes:
+    by ``diff`` (int32, added to the old word with 16-bit wrap-around), or to ``whole`` where
+    ``escape`` is set (or everywhere when ``diff`` is None)."""
+
+    positions: torch.Tensor
+    diff: torch.Tensor | None
+    escape: torch.Tensor | None
+    whole: torch.Tensor | None
+
+    def values(self, old: torch.Tensor, lo: int = 0, hi: int | None = None) -> torch.Tensor:
+        """The new int16 words at ``positions[lo:hi]``, given the ``old`` int16 words there."""
+        if self.diff is None:
+            return self.whole[lo:hi]
+        new = ((old.to(torch.int32) + self.diff[lo:hi] + 32768) % 65536 - 32768).to(torch.int16)
+        if self.escape is not None:
+            escape = self.escape[lo:hi]
+            new[escape] = self.whole[lo:hi][escape]
+        return new
+
+
+def lower_bound(changed: int) -> int:
+    """The fewest bytes a delta of ``changed`` words can take (a one-byte token and a 2-bit code
+    each)."""
+    return HEADER_BYTES + changed + -(-changed // 4)
+
+
+def encode(cur: torch.Tensor, old: torch.Tensor, changed: torch.Tensor | None = None) -> torch.Tensor:
+    """The delta turning ``old`` into ``cur`` (flat int16 tensors of one length) as a uint8 payload.
+    ``changed``: ``cur != old`` when the caller has it already."""
+    changed = torch.ne(cur, old) if changed is None else changed
+    positions = changed.nonzero().squeeze(1)
+    new = cur[positions]
+    diff = (new.to(torch.int32) - old[positions].to(torch.int32) + 32768) % 65536 - 32768
+    zig = torch.where(diff > 0, 2 * (diff - 1), -2 * diff - 1)
+    tokens = min(_tokens(positions, torch.uint8), _tokens(positions, torch.uint16), key=_nbytes)
+    bits, codes, escaped = _values(zig, new)
+    k = positions.numel()
+    mode = tokens.element_size() * 256 + bits
+    header = torch.tensor([k, tokens.numel(), mode, escaped.numel(), cur.numel()], dtype=torch.int64)
+    parts = [header.to(cur.device).view(torch.uint8), tokens.view(torch.uint8), codes]
+    if (HEADER_BYTES + tokens.nbytes + codes.numel()) % 2:
+        parts.append(torch.zeros(1, dtype=torch.uint8, device=cur.device))
+    parts.append(escaped.view(torch.uint8))
+    return torch.cat(parts)
+
+
+def decode(payload: torch.Tensor) -> Delta:
+    """Decode ``payload`` (a uint8 tensor from ``encode``) into positions and value changes."""
+    k, n_tokens, mode, n_escaped, _ = payload[:HEADER_BYTES].view(torch.int64).tolist()
+    width, bits = divmod(mode, 256)
+    at = HEADER_BYTES
+    tokens = payload[at : at + width * n_tokens]
+    tokens = tokens.view(torch.uint16).to(torch.int64) if width == 2 else tokens.to(torch.int64)
+    at += width * n_tokens
+    skip = (1 << 8 * width) - 1
+    steps = torch.where(tokens == skip, skip, tokens + 1)
+    positions = (steps.cumsum(0) - 1)[tokens != skip]
+    if bits == 16:
+        at += at % 2
+        return Delta(positions, None, None, payload[at : at + 2 * k].view(torch.int16))
+    n_codes = -(-k * bits // 8)
+    zig = _unpack(payload[at : at + n_codes], bits, k)
+    at += n_codes
+    at += at % 2
+    escape = zig == (1 << bits) - 1
+    whole = None
+    if n_escaped:
+        whole = torch.zeros(k, dtype=torch.int16, device=payload.device)
+        whole[escape] = payload[at : at + 2 * n_escaped].view(torch.int16)
+    diff = torch.where(zig % 2 == 0, zig // 2 + 1, -(zig + 1) // 2)
+    return Delta(positions, diff, escape if n_escaped else None, whole)
+
+
+def payload_words(payload: torch.Tensor) -> int:
+    """The message length in words that ``payload`` was encoded against."""
+    return int(payload[:HEADER_BYTES].view(torch.int64)[4])
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.nbytes
+
+
+def _tokens(positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Position tokens of ``dtype`` (uint8 or uint16; see the module docstring) for ascending
+    ``positions``."""
+    if positions.numel() == 0:
+        return torch.empty(0, dtype=dtype, device=positions.device)
+    skip = (1 << 8 * dtype.itemsize) - 1
+    gaps = torch.diff(positions, prepend=positions.new_tensor([-1])) - 1
+    skips, rest = gaps // skip, gaps % skip
+    if not bool(skips.any()):
+        return rest.to(torch.int32).to(dtype)
+    counts = skips + 1
+    tokens = torch.full((int(counts.sum()),), skip, dtype=torch.int32, device=positions.device)
+    tokens[counts.cumsum(0) - 1] = rest.to(torch.int32)
+    return tokens.to(dtype)
+
+
+def _values(zig: torch.Tensor, new: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """The narrowest-in-bytes code width, the packed codes and the escaped whole words."""
+    k = zig.numel()
+    best = (2 * k, 16)
+    for bits in _WIDTHS:
+        size = -(-k * bits // 8) + 2 * int((zig >= (1 << bits) - 1).sum())
+        if size < best[0]:
+            best = (size, bits)
+    bits = best[1]
+    if bits == 16:
+        return 16, torch.empty(0, dtype=torch.uint8, device=zig.device), new
+    top = (1 << bits) - 1
+    escaped = new[zig >= top]
+    return bits, _pack(zig.clamp(max=top), bits), escaped
+
+
+def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    per = 8 // bits
+    k = codes.numel()
+    padded = torch.zeros(-(-k // per) * per, dtype=torch.int32, device=codes.device)
+    padded[:k] = codes
+    shifts = torch.arange(per, dtype=torch.int32, device=codes.device) * bits
+    return (padded.view(-1, per) << shifts).sum(1).to(torch.uint8)
+
+
+def _unpack(packed: torch.Tensor, bits: int, k: int) -> torch.Tensor:
+    per = 8 // bits
+    shifts = torch.arange(per, dtype=torch.int32, device=packed.device) * bits
+    codes = (packed.to(torch.int32).unsqueeze(1) >> shifts) & ((1 << bits) - 1)
+    return codes.reshape(-1)[:k]
