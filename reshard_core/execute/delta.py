@@ -19,11 +19,11 @@ update from that sender it applied in full. One delta execution:
    words at the changed positions and writing the new ones (``land``);
 5. once every message from a sender landed, the receiver records that sender's update id.
 
-So a snapshot is trusted only after its receiver confirmed it holds what the snapshot says: a
-failed or partial apply, on either side, makes the next refit dense for that pair, and no update is
-ever applied twice. Eligible: untransformed messages of at least ``MIN_BYTES`` whose wire dtypes
-all have an even item size, without ``cast`` (a cast destination does not hold the wire's bits). Every rank of the plan must
-pass the same ``delta`` (an agreed option).
+So a snapshot is trusted only after its receiver confirmed it holds what the snapshot says: a failed
+or partial apply, on either side, makes the next refit dense for that pair, and no update is ever
+applied twice. Eligible: untransformed messages of at least ``MIN_BYTES`` whose wire dtypes all have
+an even item size, without ``cast`` (a cast destination does not hold the wire's bits). Every rank
+of the plan must pass the same ``delta`` (an agreed option).
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ class DeltaRun:
         if self.state.seq == 1:
             return self.state.origin
         if confirmed == [0, 0]:
-            return "the receiver holds no delta baseline (its last refit failed or its weights were rewritten)"
+            return "the receiver holds no baseline (its last refit failed or its weights were rewritten)"
         return "the receiver did not confirm the last update"
 
     def _messages(self, direction: str) -> dict[int, list[MessageKey]]:
@@ -333,7 +333,7 @@ def land(incoming: Incoming) -> None:
         _write_words(target, slot, local, delta, lo)
 
 
-def _apply(words: torch.Tensor, index: torch.Tensor, delta: delta_codec.Delta, lo: int, hi: int | None) -> None:
+def _apply(words: torch.Tensor, index: torch.Tensor, delta: delta_codec.Delta, lo: int, hi: int | None):
     words[index] = delta.values(words[index], lo, hi)
 
 

@@ -15,10 +15,10 @@ Against the sender's snapshot of what the receiver holds, a delta lists the chan
   whole, no codes), whichever gives the fewest bytes for this message.
 
 Layout: a header of five int64 (changed words, tokens, token bytes × 256 + bits, escapes, the
-message's word count), the tokens (2-byte tokens start at an even offset), the packed codes (little end first within a byte), padding to an even offset, the
-escaped words as int16. Decoding gives the positions and the changes; the receiver reads its
-old words there and writes the new ones: work and memory proportional to the changed words, never
-to the message.
+message's word count), the tokens (2-byte tokens start at an even offset), the packed codes (little
+end first within a byte), padding to an even offset, the escaped words as int16. Decoding gives the
+positions and the changes; the receiver reads its old words there and writes the new ones: work and
+memory proportional to the changed words, never to the message.
 """
 
 from __future__ import annotations
