@@ -22,8 +22,9 @@ update from that sender it applied in full. One delta execution:
 So a snapshot is trusted only after its receiver confirmed it holds what the snapshot says: a failed
 or partial apply, on either side, makes the next refit dense for that pair, and no update is ever
 applied twice. Eligible: untransformed messages of at least ``MIN_BYTES`` whose wire dtypes all have
-an even item size, without ``cast`` (a cast destination does not hold the wire's bits). Every rank
-of the plan must pass the same ``delta`` (an agreed option).
+an even item size. With ``cast`` the sender diffs the packed (converted) message; the wire dtype is
+the destination's, so receivers write words of their own dtype. Every rank of the plan must pass
+the same ``delta`` (an agreed option).
 """
 
 from __future__ import annotations
@@ -140,9 +141,8 @@ class DeltaRun:
 
     # -- before the pipeline ------------------------------------------------------------------------
 
-    def begin(self, transport: CopyService, enabled: str | None) -> None:
-        """Confirm, encode and announce (module docstring, steps 1-3). ``enabled``: None, or why
-        every message goes dense this time (e.g. ``cast``); the rounds run either way."""
+    def begin(self, transport: CopyService) -> None:
+        """Confirm, encode and announce (module docstring, steps 1-3)."""
         state, ctx = self.state, self.ctx
         fresh = written_only_by(ctx.dst, state.serial)
         stamp(ctx.dst, state.serial)
@@ -157,10 +157,10 @@ class DeltaRun:
         announce = {}
         for peer, keys in sends.items():
             known = tuple(confirmed[peer]) == state.sent.get(peer, (-1, -1))
-            if enabled is not None or not known:
-                self.notes.setdefault(enabled or self._why_full(peer, confirmed[peer]), []).append(peer)
+            if not known:
+                self.notes.setdefault(self._why_full(peer, confirmed[peer]), []).append(peer)
             state.sent.pop(peer, None)  # the snapshots change below: trusted again once confirmed
-            announce[peer] = [*update, *(self._prepare(key, known and enabled is None) for key in keys)]
+            announce[peer] = [*update, *(self._prepare(key, known) for key in keys)]
             state.sent[peer] = update
         received = self._round(transport, 2, announce, {p: 2 + len(keys) for p, keys in recvs.items()})
         for peer, keys in recvs.items():
@@ -279,9 +279,15 @@ class DeltaRun:
             raise ReshardError(
                 f"rank {self.ctx.plan.rank}: rank {key[1]} sent a delta for tensors this rank cannot "
                 f"take one for ({', '.join(dict.fromkeys(op.name for op in ops))}): every rank must "
-                "pass the same transform and cast"
+                "pass the same transform"
             )
         recipe = recipe_of(self.ctx, ops, "recv")
+        for target, slot in recipe.pieces:
+            if target.dtype != slot.dtype:
+                raise ReshardError(
+                    f"rank {self.ctx.plan.rank}: a delta from rank {key[1]} carries {slot.dtype} words for a "
+                    f"{target.dtype} destination; delta refits need destinations of the plan's dtype"
+                )
         message = self.ctx.pool.take(size, recipe.pieces[0][0].device)
         return Incoming(key[1], message, [], False, self.ctx.meter.hold(size), recipe, encoded=True)
 

@@ -138,7 +138,7 @@ def execute_plan(
     try:
         if ctx.delta is not None:
             with ctx.stats.timed("pack"):
-                ctx.delta.begin(transport, "cast=True" if cast else None)
+                ctx.delta.begin(transport)
         _pipeline(ctx, schedule, transport, window)
         if ctx.verify is not None:
             ctx.verify.finish(transport, ctx.stats)
