@@ -73,3 +73,58 @@ def test_a_failed_update_keeps_the_previous_weights_and_version(llm) -> None:
     assert T.llm_greedy(llm, PROMPT, NEW_TOKENS) == before
     assert llm.get_weight_version() == version
     engine.shutdown()
+
+
+def _buffers(llm) -> dict:
+    """The worker's checkpoint-layout receive buffers (what a refit writes), copied out."""
+    [buffers] = llm.collective_rpc(
+        lambda self: {k: v.clone() for k, v in self.weight_transfer_engine.buffers.items()}
+    )
+    return buffers
+
+
+def test_delta_updates_move_only_what_changed_and_land_exactly(llm) -> None:
+    """Five updates with ``delta=True``: the first whole, then 1 % of the trainer's elements change
+    per update (one whole update between, as after a learning-rate spike). Each matches
+    transformers; the deltas move a small share of the bytes; afterwards the worker's buffers equal,
+    bit for bit, those a plain update of the same weights writes."""
+    import torch
+    from reshard_vllm import LLMClient, ReshardTrainerInitInfo
+    from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory
+
+    config = T.tiny_llama_config(dtype=DTYPE)
+    model = model_for(config, 40)
+    info = ReshardTrainerInitInfo("127.0.0.1", free_port(), 1, rank=0, timeout=60)
+    engine = WeightTransferTrainerFactory.trainer_init(
+        info, client=LLMClient(llm), source=ModuleSource(model)
+    )
+    gen = torch.Generator().manual_seed(0)
+    full = sum(p.numel() * p.element_size() for p in model.parameters())
+    moved = []
+    for update in range(5):
+        if update:
+            with torch.no_grad():
+                for p in model.parameters():
+                    share = 0.5 if update == 2 else 0.01
+                    mask = torch.rand(p.shape, generator=gen) < share
+                    p.add_(mask * torch.randn(p.shape, generator=gen) * 0.002)
+        verdict = engine.send_weights(version=f"delta-{update}", delta=True)
+        tokens, logprobs = T.llm_greedy(llm, PROMPT, NEW_TOKENS)
+        check = T.check_greedy(
+            model, PROMPT, tokens, logprobs, logprob_atol=LOGPROB_ATOL, tie_atol=LOGPROB_ATOL
+        )
+        assert check.ok, f"update {update}: {check}"
+        [(got, expected)] = verdict.received.values()
+        assert expected == full
+        moved.append((got, engine.report.delta.messages, engine.report.delta.note))
+    assert moved[0][0] == full and moved[0][1] == 0 and "first delta refit" in moved[0][2], moved
+    for got, deltas, _ in (moved[1], moved[3], moved[4]):
+        assert deltas > 0 and got < full / 10, moved
+    assert moved[2][0] > full / 2, moved  # half the elements changed: whole messages
+    after_deltas = _buffers(llm)
+    engine.send_weights(version="plain")
+    after_plain = _buffers(llm)
+    assert after_deltas.keys() == after_plain.keys()
+    assert [k for k in after_plain if not torch.equal(after_deltas[k], after_plain[k])] == []
+    assert llm.get_weight_version() == "plain"
+    engine.shutdown()

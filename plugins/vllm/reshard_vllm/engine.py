@@ -58,9 +58,11 @@ class ReshardInitInfo(WeightTransferInitInfo):
 
 @dataclass
 class ReshardUpdateInfo(WeightTransferUpdateInfo):
-    """One update; ``version`` is recorded once every worker committed it."""
+    """One update; ``version`` is recorded once every worker committed it; ``delta``: the trainer
+    sends only what changed (``refit(..., delta=True)``, against the receive buffers)."""
 
     version: str | None = None
+    delta: bool = False
 
 
 class ReshardWeightTransferEngine(WeightTransferEngine[ReshardInitInfo, ReshardUpdateInfo]):
@@ -75,7 +77,8 @@ class ReshardWeightTransferEngine(WeightTransferEngine[ReshardInitInfo, ReshardU
         self.group: reshard_core.TransferGroup | None = None
         self.info: ReshardInitInfo | None = None
         self.buffers: dict[str, torch.Tensor] = {}
-        """Checkpoint-layout receive buffers, kept across updates so the refit's plan is reused."""
+        """Checkpoint-layout receive buffers, kept across updates so the refit's plan is reused and
+        a delta update has the last update received as its baseline."""
         self.version: str | None = None
         """The version of the last update every worker committed (None before the first)."""
         self._pending: str | None = None
@@ -127,7 +130,8 @@ class ReshardWeightTransferEngine(WeightTransferEngine[ReshardInitInfo, ReshardU
             update.open()
             declare_vllm(self.model, engine_parallel(self.model, dist.get_rank()))
             report = reshard_core.refit(
-                None, self.model, group=self.group, transport=self.info.transport, timeout=self.info.timeout
+                None, self.model, group=self.group, transport=self.info.transport, timeout=self.info.timeout,
+                delta=bool(update_info.delta),
             )
             if not report.reused_plan or self._held is None:  # the held bytes change with the plan only
                 self._held = _held_bytes(self.model)

@@ -54,6 +54,8 @@ class ReshardTrainerWeightTransferEngine(TrainerWeightTransferEngine[ReshardTrai
         self.group: reshard_core.TransferGroup | None = None
         self.last: Verdict | None = None
         """Every rank's outcome of the last ``send_weights`` (bytes each worker received)."""
+        self.report: reshard_core.RefitReport | None = None
+        """This rank's ``RefitReport`` of the last ``send_weights`` (None when its refit failed)."""
 
     @classmethod
     def trainer_init(
@@ -83,10 +85,16 @@ class ReshardTrainerWeightTransferEngine(TrainerWeightTransferEngine[ReshardTrai
             call.result("init_weight_transfer_engine")
         return engine
 
-    def send_weights(self, version: str | None = None) -> Verdict:
+    def send_weights(self, version: str | None = None, *, delta: bool = False) -> Verdict:
         """Refit the engine from ``source``: every trainer rank sends its slices, the workers commit
         together or keep their previous weights together. Returns every rank's outcome; raises
-        ``ReshardError`` on every trainer rank when any rank (trainer or worker) failed."""
+        ``ReshardError`` on every trainer rank when any rank (trainer or worker) failed.
+
+        ``delta=True`` sends only what changed since the last update each worker confirmed
+        (``reshard_core.refit(..., delta=True)``): the workers' receive buffers are the baseline,
+        and they keep the last update received even when an update is rolled back, so the next
+        delta is still exact. Every trainer rank passes the same ``delta``; ``report.delta`` says
+        what moved."""
         if self.group is None or self.info is None:
             raise ReshardError(
                 "reshard: send_weights() before trainer_init(); initialise the transfer engine first"
@@ -96,11 +104,15 @@ class ReshardTrainerWeightTransferEngine(TrainerWeightTransferEngine[ReshardTrai
             _control(self.client.start_weight_update, "start_weight_update")
         control = self.client.update_weights if self.is_sender else None
         # a failing worker answers after its refit timed out and its verdict round did: wait that long
-        with _Background(control, {"version": version}, 2 * self.info.timeout + 10) as call:
+        update = {"version": version, "delta": delta}
+        self.report = None
+        with _Background(control, update, 2 * self.info.timeout + 10) as call:
             mine = ok()
             try:
-                reshard_core.refit(self.model, None, group=self.group, transport=self.info.transport,
-                                   timeout=self.info.timeout)  # fmt: skip
+                self.report = reshard_core.refit(
+                    self.model, None, group=self.group, transport=self.info.transport,
+                    timeout=self.info.timeout, delta=delta,
+                )  # fmt: skip
             except Exception as exc:
                 mine = failed(exc)
             self.last = agree(self.group, mine, what="vLLM weight update")
