@@ -44,7 +44,7 @@ from ..views import copy_into, materialize
 from . import delta_codec
 from .messages import ExecContext, Incoming, Outgoing, recipe_of
 from .schedule import Schedule, message_task_id
-from .slots import Slot, slot_view
+from .slots import Slot, layout_slots, slot_view
 from .verify import exchange_device
 
 DENSE_RATIO = 0.5
@@ -223,8 +223,11 @@ class DeltaRun:
             current = _as_bytes(recipe.direct)
         else:
             current = scratch = ctx.pool.take(recipe.nbytes, recipe.pieces[0][0].device)
+            end = 0
             for view, slot in recipe.pieces:
+                current[end : slot.offset].zero_()  # padding: the same bytes every time
                 copy_into(slot_view(current, slot), view)
+                end = slot.offset + slot.nbytes
         snapshot = state.snapshots.get(key)
         size = -1
         try:
@@ -307,13 +310,15 @@ class DeltaRun:
 
 
 def eligible(ctx: ExecContext, ops: list[TransferOp]) -> bool:
-    """Whether a message of ``ops`` can travel as a delta (the module docstring's rule; messages
-    under ``MIN_BYTES`` always go whole)."""
+    """Whether a message of ``ops`` can travel as a delta: untransformed, at least ``MIN_BYTES``,
+    and every slot starting and ending on a whole 16-bit word (so no word holds bytes of two slots,
+    or of a slot and padding). Both sides decide alike from the plan."""
     if ctx.transforms and any(op.name in ctx.transforms for op in ops):
         return False
     if sum(ctx.plan.bytes_of(op) for op in ops) < MIN_BYTES:
         return False
-    return all(ctx.wire_dtype(op.name).itemsize % 2 == 0 for op in ops)
+    slots, total = layout_slots([(tuple(op.sizes), ctx.wire_dtype(op.name)) for op in ops])
+    return total % 2 == 0 and all(s.offset % 2 == 0 and s.nbytes % 2 == 0 for s in slots)
 
 
 def land(incoming: Incoming) -> None:
@@ -346,13 +351,14 @@ def _apply(words: torch.Tensor, index: torch.Tensor, delta: delta_codec.Delta, l
 def _write_words(target, slot: Slot, local: torch.Tensor, delta: delta_codec.Delta, lo: int) -> None:
     """Apply ``delta``'s entries ``lo..`` (at word ``local`` of ``target``'s row-major words)."""
     hi = lo + local.numel()
-    if isinstance(target, torch.Tensor) and target.is_contiguous():
-        _apply(target.reshape(-1).view(torch.int16), local, delta, lo, hi)
-    elif isinstance(target, torch.Tensor):
+    plain = isinstance(target, torch.Tensor)
+    if plain and target.is_contiguous() and target.data_ptr() % 2 == 0:
+        _apply(target.reshape(-1).view(torch.uint8).view(torch.int16), local, delta, lo, hi)
+    elif plain and target.element_size() % 2 == 0:
         _apply(_storage_words(target), _strided_words(target, local), delta, lo, hi)
-    else:  # a split region: through one contiguous copy of it
-        region = materialize(target).contiguous()
-        _apply(region.reshape(-1).view(torch.int16), local, delta, lo, hi)
+    else:  # a split region, or strided single bytes: through one contiguous copy of it
+        region = materialize(target).contiguous().clone()
+        _apply(region.reshape(-1).view(torch.uint8).view(torch.int16), local, delta, lo, hi)
         copy_into(target, region)
 
 
