@@ -231,8 +231,8 @@ class P2PCopyService(CopyService):
                 except Exception as exc:
                     self._fail(flight, index, exc)
 
-        if not self.reads_failure_board:
-            wait_all()
+        if not self.reads_failure_board or all(_finished(item) for item in flight.issued):
+            wait_all()  # nothing left to wait for: no helper thread to watch the failure board
         else:
             try:
                 failures.wait_for(wait_all, self.view, lambda: f"{self.name}: {list_ops(flight.ops)}")
