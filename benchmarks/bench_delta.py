@@ -183,8 +183,11 @@ def bench_vllm(args: dict) -> list[dict]:
         return []
     from reshard_core.testing.world import free_port
 
-    config = _llama_config(args)
-    config.torch_dtype = "bfloat16"
+    config = T.tiny_llama_config(
+        vocab_size=args["vocab"], hidden_size=args["hidden"], intermediate_size=args["hidden"] * 3,
+        num_hidden_layers=args["layers"], num_attention_heads=args["hidden"] // 64, num_key_value_heads=4,
+        head_dim=64,
+    )  # fmt: skip
     llm = T.offline_llm(
         T.write_model_dir(tempfile.mkdtemp(prefix="bench-delta-"), config), tp=1,
         weight_transfer_config={"backend": "reshard"},
@@ -243,12 +246,19 @@ def main() -> None:
     rows = []
     for pair in ("megatron", "hf"):
         rows += run_world(bench_rank, 2, pair, args, timeout=3600)[0]
+    if not ns.json:
+        _print(rows, f"{ns.steps} steps per learning rate after a full first refit; 2 ranks, Gloo")
     if not ns.no_vllm:
-        rows += bench_vllm(args)
+        engine_rows = bench_vllm(args)
+        rows += engine_rows
+        if not ns.json and engine_rows:
+            _print(engine_rows, "\nthe vLLM engine (offline LLM, TP1, CPU), timed per update end to end")
     if ns.json:
         print(json.dumps(rows, indent=2))
-        return
-    print(f"{ns.steps} steps per learning rate after a full first refit; 2 ranks, Gloo on loopback")
+
+
+def _print(rows: list[dict], title: str) -> None:
+    print(title)
     print(f"{'pair':9} {'lr':>6} {'changed':>8} {'bytes d/f':>10} {'B/changed':>10} {'time d/f':>9} "
           f"{'s delta':>8} {'s full':>8} {'snapshot/model':>15} {'exact':>6}")  # fmt: skip
     for r in rows:

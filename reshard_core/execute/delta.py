@@ -51,6 +51,10 @@ DENSE_RATIO = 0.5
 """A message goes as a delta only when its encoding is at most this share of its dense bytes: a
 delta costs the receiver a gather and a scatter per changed word, a dense message one copy."""
 
+TYPICAL_BYTES = 1.5
+"""Bytes a changed word typically takes in a delta (1.4-1.7 on AdamW updates, ``docs/delta.md``):
+a message whose changes would exceed ``DENSE_RATIO`` at this rate goes whole without encoding."""
+
 MIN_BYTES = 1024
 """Smaller messages always go whole and keep no snapshot (a delta's header alone is 40 bytes)."""
 
@@ -236,19 +240,21 @@ class DeltaRun:
             else:
                 cur16, old16 = current.view(torch.int16), snapshot.view(torch.int16)
                 changed = torch.ne(cur16, old16)
-                count = int(changed.sum())
+                count = int(torch.count_nonzero(changed))
                 self.changed += count
                 self.compared += cur16.numel()
-                if known and delta_codec.lower_bound(count) <= DENSE_RATIO * recipe.nbytes:
-                    payload = delta_codec.encode(cur16, old16, changed)
-                    if payload.numel() <= DENSE_RATIO * recipe.nbytes:
+                limit = DENSE_RATIO * recipe.nbytes
+                encoded = known and delta_codec.HEADER_BYTES + TYPICAL_BYTES * count <= limit
+                if encoded:  # advance: the snapshot takes the changed words, whatever goes out
+                    payload = delta_codec.encode(cur16, old16, changed, advance=True)
+                    if payload.numel() <= limit:
                         size = payload.numel()
-                        snapshot.copy_(current)
                         self.prepared[key] = Outgoing(key[1], payload, ctx.meter.hold(size))
                         self.messages += 1
                 if size < 0:
-                    snapshot.copy_(current)
                     self.too_dense += known
+                    if count and not encoded:
+                        snapshot.copy_(current)
         finally:
             if scratch is not None:
                 ctx.pool.give(scratch)

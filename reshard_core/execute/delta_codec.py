@@ -9,10 +9,10 @@ Against the sender's snapshot of what the receiver holds, a delta lists the chan
   about ``1 + (1-p)^255`` bytes per changed word (1.08 at 1 %, 1.0 above 3 %);
 - **values** as ``bits``-wide codes of the difference ``d = new - old`` of the word read as a signed
   integer, wrapped to 16 bits (``d != 0`` always). A small weight update moves a BF16 value by one or
-  two units in the last place, which is ``d = ±1, ±2``: it needs 2 bits. Code ``z`` is ``2(d-1)``
-  for ``d > 0`` and ``-2d-1`` for ``d < 0``; the top code ``2^bits - 1`` is an escape whose word
-  follows whole (its new value, not a difference). ``bits`` is 2, 4, 8 or 16 (16: every new value
-  whole, no codes), whichever gives the fewest bytes for this message.
+  two units in the last place, which is ``d = ±1, ±2``: it needs 2 bits. Code ``z`` is the zigzag
+  of ``d`` less one (``d = -1, 1, -2, 2, ...`` → ``0, 1, 2, 3, ...``); the top code ``2^bits - 1``
+  is an escape whose word follows whole (its new value, not a difference). ``bits`` is 2, 4, 8 or
+  16 (16: every new value whole, no codes), whichever gives the fewest bytes for this message.
 
 Layout: a header of five int64 (changed words, tokens, token bytes × 256 + bits, escapes, the
 message's word count), the tokens (2-byte tokens start at an even offset), the packed codes (little
@@ -46,7 +46,7 @@ class Delta:
         """The new int16 words at ``positions[lo:hi]``, given the ``old`` int16 words there."""
         if self.diff is None:
             return self.whole[lo:hi]
-        new = ((old.to(torch.int32) + self.diff[lo:hi] + 32768) % 65536 - 32768).to(torch.int16)
+        new = old + self.diff[lo:hi]  # int16 arithmetic wraps around, as the encoder's difference did
         if self.escape is not None:
             escape = self.escape[lo:hi]
             new[escape] = self.whole[lo:hi][escape]
@@ -59,15 +59,20 @@ def lower_bound(changed: int) -> int:
     return HEADER_BYTES + changed + -(-changed // 4)
 
 
-def encode(cur: torch.Tensor, old: torch.Tensor, changed: torch.Tensor | None = None) -> torch.Tensor:
+def encode(
+    cur: torch.Tensor, old: torch.Tensor, changed: torch.Tensor | None = None, *, advance: bool = False
+) -> torch.Tensor:
     """The delta turning ``old`` into ``cur`` (flat int16 tensors of one length) as a uint8 payload.
-    ``changed``: ``cur != old`` when the caller has it already."""
+    ``changed``: ``cur != old`` when the caller has it already. ``advance``: also write the changed
+    words into ``old`` (it then equals ``cur``), touching only those."""
     changed = torch.ne(cur, old) if changed is None else changed
     positions = changed.nonzero().squeeze(1)
     new = cur[positions]
-    diff = (new.to(torch.int32) - old[positions].to(torch.int32) + 32768) % 65536 - 32768
-    zig = torch.where(diff > 0, 2 * (diff - 1), -2 * diff - 1)
-    tokens = min(_tokens(positions, torch.uint8), _tokens(positions, torch.uint16), key=_nbytes)
+    diff = torch.sub(new, old[positions]).to(torch.int32)  # int16 arithmetic wraps around
+    if advance:
+        old[positions] = new
+    zig = ((diff << 1) ^ (diff >> 31)) - 1  # zigzag, less one: d = -1, 1, -2, 2, ... -> 0, 1, 2, 3, ...
+    tokens = _tokens(positions)
     bits, codes, escaped = _values(zig, new)
     k = positions.numel()
     mode = tokens.element_size() * 256 + bits
@@ -88,8 +93,11 @@ def decode(payload: torch.Tensor) -> Delta:
     tokens = tokens.view(torch.uint16).to(torch.int64) if width == 2 else tokens.to(torch.int64)
     at += width * n_tokens
     skip = (1 << 8 * width) - 1
-    steps = torch.where(tokens == skip, skip, tokens + 1)
-    positions = (steps.cumsum(0) - 1)[tokens != skip]
+    if n_tokens == k:  # no skips
+        positions = (tokens + 1).cumsum(0) - 1
+    else:
+        steps = torch.where(tokens == skip, skip, tokens + 1)
+        positions = (steps.cumsum(0) - 1)[tokens != skip]
     if bits == 16:
         at += at % 2
         return Delta(positions, None, None, payload[at : at + 2 * k].view(torch.int16))
@@ -102,7 +110,8 @@ def decode(payload: torch.Tensor) -> Delta:
     if n_escaped:
         whole = torch.zeros(k, dtype=torch.int16, device=payload.device)
         whole[escape] = payload[at : at + 2 * n_escaped].view(torch.int16)
-    diff = torch.where(zig % 2 == 0, zig // 2 + 1, -(zig + 1) // 2)
+    zig = zig.to(torch.int16) + 1
+    diff = (zig >> 1) ^ -(zig & 1)  # undo the zigzag
     return Delta(positions, diff, escape if n_escaped else None, whole)
 
 
@@ -111,23 +120,20 @@ def payload_words(payload: torch.Tensor) -> int:
     return int(payload[:HEADER_BYTES].view(torch.int64)[4])
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    return t.nbytes
-
-
-def _tokens(positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Position tokens of ``dtype`` (uint8 or uint16; see the module docstring) for ascending
-    ``positions``."""
+def _tokens(positions: torch.Tensor) -> torch.Tensor:
+    """Position tokens (see the module docstring) for ascending ``positions``: one byte each, or two
+    where that is smaller (long gaps)."""
     if positions.numel() == 0:
-        return torch.empty(0, dtype=dtype, device=positions.device)
-    skip = (1 << 8 * dtype.itemsize) - 1
+        return torch.empty(0, dtype=torch.uint8, device=positions.device)
     gaps = torch.diff(positions, prepend=positions.new_tensor([-1])) - 1
-    skips, rest = gaps // skip, gaps % skip
-    if not bool(skips.any()):
-        return rest.to(torch.int32).to(dtype)
-    counts = skips + 1
+    if int(gaps.max()) < 255:  # dense enough: no skips (the common case, one pass)
+        return gaps.to(torch.uint8)
+    skips = {dtype: gaps // ((1 << 8 * dtype.itemsize) - 1) for dtype in (torch.uint8, torch.uint16)}
+    dtype = min(skips, key=lambda d: d.itemsize * (gaps.numel() + int(skips[d].sum())))
+    skip = (1 << 8 * dtype.itemsize) - 1
+    counts = skips[dtype] + 1
     tokens = torch.full((int(counts.sum()),), skip, dtype=torch.int32, device=positions.device)
-    tokens[counts.cumsum(0) - 1] = rest.to(torch.int32)
+    tokens[counts.cumsum(0) - 1] = (gaps - skips[dtype] * skip).to(torch.int32)
     return tokens.to(dtype)
 
 
@@ -136,7 +142,7 @@ def _values(zig: torch.Tensor, new: torch.Tensor) -> tuple[int, torch.Tensor, to
     k = zig.numel()
     best = (2 * k, 16)
     for bits in _WIDTHS:
-        size = -(-k * bits // 8) + 2 * int((zig >= (1 << bits) - 1).sum())
+        size = -(-k * bits // 8) + 2 * int(torch.count_nonzero(zig >= (1 << bits) - 1))
         if size < best[0]:
             best = (size, bits)
     bits = best[1]
@@ -144,16 +150,20 @@ def _values(zig: torch.Tensor, new: torch.Tensor) -> tuple[int, torch.Tensor, to
         return 16, torch.empty(0, dtype=torch.uint8, device=zig.device), new
     top = (1 << bits) - 1
     escaped = new[zig >= top]
-    return bits, _pack(zig.clamp(max=top), bits), escaped
+    return bits, _pack(zig.clamp(max=top).to(torch.uint8), bits), escaped
 
 
 def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """uint8 ``codes`` of ``bits`` each, packed little end first into bytes."""
     per = 8 // bits
     k = codes.numel()
-    padded = torch.zeros(-(-k // per) * per, dtype=torch.int32, device=codes.device)
+    padded = torch.zeros(-(-k // per) * per, dtype=torch.uint8, device=codes.device)
     padded[:k] = codes
-    shifts = torch.arange(per, dtype=torch.int32, device=codes.device) * bits
-    return (padded.view(-1, per) << shifts).sum(1).to(torch.uint8)
+    columns = padded.view(-1, per)
+    out = columns[:, 0].clone()
+    for j in range(1, per):
+        out |= columns[:, j] << (j * bits)
+    return out
 
 
 def _unpack(packed: torch.Tensor, bits: int, k: int) -> torch.Tensor:
