@@ -238,23 +238,7 @@ class DeltaRun:
             if snapshot is None:
                 snapshot = state.snapshots[key] = current.clone()
             else:
-                cur16, old16 = current.view(torch.int16), snapshot.view(torch.int16)
-                changed = torch.ne(cur16, old16)
-                count = int(torch.count_nonzero(changed))
-                self.changed += count
-                self.compared += cur16.numel()
-                limit = DENSE_RATIO * recipe.nbytes
-                encoded = known and delta_codec.HEADER_BYTES + TYPICAL_BYTES * count <= limit
-                if encoded:  # advance: the snapshot takes the changed words, whatever goes out
-                    payload = delta_codec.encode(cur16, old16, changed, advance=True)
-                    if payload.numel() <= limit:
-                        size = payload.numel()
-                        self.prepared[key] = Outgoing(key[1], payload, ctx.meter.hold(size))
-                        self.messages += 1
-                if size < 0:
-                    self.too_dense += known
-                    if count and not encoded:
-                        snapshot.copy_(current)
+                size = self._diff(key, current, snapshot, recipe.nbytes, known)
         finally:
             if scratch is not None:
                 ctx.pool.give(scratch)
@@ -265,6 +249,38 @@ class DeltaRun:
         if ctx.verify is not None:
             ctx.verify.sent(key[1], snapshot, [[slot] for _, slot in recipe.pieces])
         return size
+
+    def _diff(
+        self, key: MessageKey, current: torch.Tensor, snapshot: torch.Tensor, nbytes: int, known: bool
+    ) -> int:
+        """Diff ``current`` against its ``snapshot``, prepare the delta when ``known`` and small enough
+        (returns its size, else -1), and bring the snapshot up to date either way."""
+        cur16, old16 = current.view(torch.int16), snapshot.view(torch.int16)
+        scan = delta_codec.Scan(cur16, old16)
+        self.compared += cur16.numel()
+        limit = DENSE_RATIO * nbytes
+        too_dense = lambda words: delta_codec.HEADER_BYTES + TYPICAL_BYTES * words > limit  # noqa: E731
+        if scan.blocks == 0:
+            changes = None
+        elif not known or too_dense(scan.estimate()):
+            self.changed += int(torch.count_nonzero(torch.ne(cur16, old16)))
+            snapshot.copy_(current)
+            self.too_dense += known
+            return -1
+        else:
+            changes = scan.changes()
+            old16[changes.positions] = changes.new  # the snapshot takes the changed words
+            self.changed += changes.positions.numel()
+            if too_dense(changes.positions.numel()):
+                self.too_dense += 1
+                return -1
+        payload = delta_codec.encode(cur16, old16, changes) if changes is not None else _empty(cur16)
+        if payload.numel() > limit:
+            self.too_dense += 1
+            return -1
+        self.prepared[key] = Outgoing(key[1], payload, self.ctx.meter.hold(payload.numel()))
+        self.messages += 1
+        return payload.numel()
 
     def _ops(self, key: MessageKey, by_batch: Mapping[int, list]) -> list[TransferOp]:
         batch, peer, seq = key
@@ -384,6 +400,13 @@ def _strided_words(tensor: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
         offset += (element % size) * stride
         element = element // size
     return offset * per + word
+
+
+def _empty(words: torch.Tensor) -> torch.Tensor:
+    """The delta of a message that did not change."""
+    empty = torch.empty(0, dtype=torch.int64, device=words.device)
+    none = delta_codec.Changes(empty, words[:0], words[:0])
+    return delta_codec.encode(words, words, none)
 
 
 def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:

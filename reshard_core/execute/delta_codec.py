@@ -59,18 +59,57 @@ def lower_bound(changed: int) -> int:
     return HEADER_BYTES + changed + -(-changed // 4)
 
 
-def encode(
-    cur: torch.Tensor, old: torch.Tensor, changed: torch.Tensor | None = None, *, advance: bool = False
-) -> torch.Tensor:
+@dataclass(frozen=True)
+class Changes:
+    """The words of a message that differ from a snapshot: ascending ``positions`` (int64) and the
+    ``new`` and ``old`` int16 words there."""
+
+    positions: torch.Tensor
+    new: torch.Tensor
+    old: torch.Tensor
+
+
+class Scan:
+    """Which 4-word (8-byte) blocks of ``cur`` differ from ``old`` (flat int16 tensors of one
+    length): one compare and one count over a quarter as many elements as words, so that a message
+    too dense for a delta is told before its changed words are listed. Single words when the
+    tensors are not whole, aligned 8-byte blocks."""
+
+    def __init__(self, cur: torch.Tensor, old: torch.Tensor) -> None:
+        self.cur, self.old = cur, old
+        whole = cur.numel() % 4 == 0 and cur.data_ptr() % 8 == 0 and old.data_ptr() % 8 == 0
+        self.width = 4 if whole else 1
+        kind = torch.int64 if whole else torch.int16
+        self.mask = torch.ne(cur.view(kind), old.view(kind))
+        self.blocks = int(torch.count_nonzero(self.mask))
+        """Differing blocks: at least this many words changed, and at most ``width`` times as many."""
+
+    def estimate(self) -> int:
+        """The changed words, estimated from the differing blocks as if words changed independently."""
+        if self.width == 1 or self.blocks == 0:
+            return self.blocks
+        share = self.blocks / self.mask.numel()
+        return round(self.cur.numel() * (1 - (1 - share) ** 0.25)) if share < 1 else self.cur.numel()
+
+    def changes(self) -> Changes:
+        if self.width == 4 and self.blocks > self.mask.numel() // 4:  # dense: words directly are cheaper
+            words = torch.ne(self.cur, self.old).nonzero().squeeze(1)
+            return Changes(words, self.cur[words], self.old[words])
+        blocks = self.mask.nonzero().squeeze(1)
+        if self.width == 1:
+            return Changes(blocks, self.cur[blocks], self.old[blocks])
+        cur = self.cur.view(torch.int64)[blocks].view(torch.int16)  # the blocks' words, 4 each
+        old = self.old.view(torch.int64)[blocks].view(torch.int16)
+        inner = torch.ne(cur, old).nonzero().squeeze(1)
+        return Changes(blocks[inner >> 2] * 4 + (inner & 3), cur[inner], old[inner])
+
+
+def encode(cur: torch.Tensor, old: torch.Tensor, changes: Changes | None = None) -> torch.Tensor:
     """The delta turning ``old`` into ``cur`` (flat int16 tensors of one length) as a uint8 payload.
-    ``changed``: ``cur != old`` when the caller has it already. ``advance``: also write the changed
-    words into ``old`` (it then equals ``cur``), touching only those."""
-    changed = torch.ne(cur, old) if changed is None else changed
-    positions = changed.nonzero().squeeze(1)
-    new = cur[positions]
-    diff = torch.sub(new, old[positions]).to(torch.int32)  # int16 arithmetic wraps around
-    if advance:
-        old[positions] = new
+    ``changes``: ``Scan(cur, old).changes()`` when the caller has them already."""
+    changes = Scan(cur, old).changes() if changes is None else changes
+    positions, new = changes.positions, changes.new
+    diff = torch.sub(new, changes.old).to(torch.int32)  # int16 arithmetic wraps around
     zig = ((diff << 1) ^ (diff >> 31)) - 1  # zigzag, less one: d = -1, 1, -2, 2, ... -> 0, 1, 2, 3, ...
     tokens = _tokens(positions)
     bits, codes, escaped = _values(zig, new)

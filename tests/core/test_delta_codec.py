@@ -88,3 +88,16 @@ def test_the_lower_bound_never_exceeds_a_real_encoding():
     for density, spread in [(0.001, 1), (0.01, 1), (0.2, 3), (0.9, 1000)]:
         cur, old = _random_case(20_000, density, spread, seed=int(density * 1000))
         assert codec.lower_bound(int((cur != old).sum())) <= codec.encode(cur, old).numel()
+
+
+@pytest.mark.parametrize("offset", [0, 1])  # aligned 8-byte blocks, and single words
+def test_a_scan_lists_exactly_the_changed_words(offset):
+    cur, old = _random_case(40_001, 0.03, 3, seed=5)
+    cur, old = cur[offset : offset + 40_000], old[offset : offset + 40_000]
+    scan = codec.Scan(cur, old)
+    assert scan.width == (4 if offset == 0 else 1)
+    changes = scan.changes()
+    want = (cur != old).nonzero().squeeze(1)
+    assert torch.equal(changes.positions, want)
+    assert torch.equal(changes.new, cur[want]) and torch.equal(changes.old, old[want])
+    assert scan.blocks <= want.numel() <= scan.blocks * scan.width
