@@ -35,27 +35,10 @@ import time
 import torch
 import torch.distributed as dist
 
+from reshard_core.testing.training import MasterWeights
 from reshard_core.testing.world import run_world
 
 BF16 = torch.bfloat16
-
-
-class Trainer:
-    """FP32 masters of a model's local tensors, stepped by AdamW with random gradients."""
-
-    def __init__(self, model: torch.nn.Module, lr: float, seed: int) -> None:
-        self.locals = [getattr(p, "_local_tensor", p).data for p in model.parameters()]
-        self.masters = [t.float().clone().requires_grad_() for t in self.locals]
-        self.opt = torch.optim.AdamW(self.masters, lr=lr)
-        self.gen = torch.Generator().manual_seed(seed)
-
-    def step(self) -> None:
-        for master in self.masters:
-            master.grad = torch.randn(master.shape, generator=self.gen)
-        self.opt.step()
-        with torch.no_grad():
-            for local, master in zip(self.locals, self.masters, strict=True):
-                local.copy_(master)
 
 
 def _init_like_hf(model: torch.nn.Module, seed: int) -> None:
@@ -130,7 +113,7 @@ def bench_rank(rank: int, world: int, pair: str, args: dict) -> list[dict]:
     for lr in args["lrs"]:
         src, dst, twin = _models(pair, args)
         _init_like_hf(src, seed=rank)
-        trainer = Trainer(src, lr, seed=100 + rank)
+        trainer = MasterWeights(src, lr, seed=100 + rank)
         delta = reshard_core.prepare(src, dst, delta=True)
         plain = reshard_core.prepare(src, twin)
         delta.refit(), plain.refit()  # the first is full for both
@@ -197,7 +180,7 @@ def bench_vllm(args: dict) -> list[dict]:
         for lr in args["lrs"]:
             model = LlamaForCausalLM(config).to(BF16)
             _init_like_hf(model, seed=0)
-            trainer = Trainer(model, lr, seed=7)
+            trainer = MasterWeights(model, lr, seed=7)
             info = ReshardTrainerInitInfo("127.0.0.1", free_port(), 1, rank=0, timeout=300)
             engine = WeightTransferTrainerFactory.trainer_init(info, client=LLMClient(llm), source=model)
             runs, held = {}, 0

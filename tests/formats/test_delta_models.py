@@ -68,26 +68,6 @@ def _fsdp_llama():
     return fully_shard(model)
 
 
-class Trainer:
-    """FP32 masters of a BF16 model's local tensors, stepped by AdamW with random gradients."""
-
-    def __init__(self, model: torch.nn.Module, rank: int) -> None:
-        self.locals = [getattr(p, "_local_tensor", p).data for p in model.parameters()]
-        self.masters = [t.float().clone().requires_grad_() for t in self.locals]
-        self.opt = torch.optim.AdamW(self.masters, lr=LR)
-        self.gen = torch.Generator().manual_seed(1000 + rank)
-
-    def step(self, lr: float) -> None:
-        for group in self.opt.param_groups:
-            group["lr"] = lr
-        for master in self.masters:
-            master.grad = torch.randn(master.shape, generator=self.gen)
-        self.opt.step()
-        with torch.no_grad():
-            for local, master in zip(self.locals, self.masters, strict=True):
-                local.copy_(master)
-
-
 def _failing_gloo(group):
     """A Gloo transport that, once ``armed``, raises on rank 1 after the first data message it
     received landed (so the refit is partly applied there)."""
@@ -122,8 +102,9 @@ def _run(rank: int, src, dst, twin, *, fail: bool) -> list[dict]:
     """20 steps of train → delta refit → plain refit into the twin; one record per step."""
     import reshard_core
     from reshard_core.errors import ReshardError
+    from reshard_core.testing.training import MasterWeights
 
-    trainer = Trainer(src, rank)
+    trainer = MasterWeights(src, LR, seed=1000 + rank)
     group = dist.new_group(backend="gloo")
     # cast: Megatron keeps its norms in FP32 under a BF16 model
     transport = _failing_gloo(group) if fail else "gloo"
