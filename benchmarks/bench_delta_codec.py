@@ -74,7 +74,7 @@ def main() -> None:
         diff = (cur16[positions].to(torch.int32) - old16[positions].to(torch.int32)).abs()
         xor = (cur16[positions] ^ old16[positions]).to(torch.int32) & 0xFFFF
         start = time.perf_counter()
-        payload = delta_codec.encode(cur16, old16, changed)
+        payload = delta_codec.encode(cur16, old16, delta_codec.Scan(cur16, old16).changes())
         encode_s = time.perf_counter() - start
         start = time.perf_counter()
         delta = delta_codec.decode(payload)
