@@ -625,19 +625,22 @@ def _model_signature(model: Model, word: str) -> tuple:
 
 
 _PLAN_ATTRS = (
-    "placements", "_reshard_layout", "_reshard_name", "_reshard_shape",  # DTensor, declare_layout
+    "_reshard_layout", "_reshard_name", "_reshard_shape",  # declare_layout
     "tensor_model_parallel", "partition_dim", "partition_stride", "partition_sizes", "allreduce",  # Megatron
 )  # fmt: skip
-"""Tensor attributes the extractors read: a change to any of them changes the plan."""
+"""Tensor attributes the extractors read (besides a DTensor's placements): a change to any of them
+changes the plan. They live in the tensor's ``__dict__``."""
 
 
 def _fingerprint(tensor: torch.Tensor) -> tuple:
-    """A tensor's shape, dtype, stride, storage pointer and every attribute the plan depends on
-    (``_PLAN_ATTRS``: DTensor placements, ``declare_layout`` layout/name/shape, Megatron's
+    """A tensor's shape, dtype, stride, storage pointer and everything else the plan depends on: a
+    DTensor's placements and ``_PLAN_ATTRS`` (``declare_layout`` layout/name/shape, Megatron's
     partition attributes)."""
     local = getattr(tensor, "_local_tensor", tensor)
-    attrs = tuple(_frozen(getattr(tensor, a, None)) for a in _PLAN_ATTRS)
-    return (tuple(tensor.shape), tensor.dtype, tuple(local.stride()), local.data_ptr(), *attrs)
+    placements = tensor.placements if local is not tensor else None
+    held = tensor.__dict__
+    attrs = tuple((a, _frozen(held[a])) for a in _PLAN_ATTRS if a in held)
+    return (tuple(tensor.shape), tensor.dtype, tuple(local.stride()), local.data_ptr(), placements, attrs)
 
 
 def _frozen(value: object) -> object:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -17,7 +18,7 @@ class Slot:
     shape: tuple[int, ...]
     dtype: torch.dtype
 
-    @property
+    @cached_property  # read per message per refit; a frozen dataclass keeps it in its __dict__
     def nbytes(self) -> int:
         return math.prod(self.shape) * _itemsize(self.dtype)
 
