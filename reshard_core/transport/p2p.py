@@ -232,7 +232,7 @@ class P2PCopyService(CopyService):
                     self._fail(flight, index, exc)
 
         if not self.reads_failure_board or all(_finished(item) for item in flight.issued):
-            wait_all()  # nothing left to wait for: no helper thread to watch the failure board
+            wait_all()  # done already (a backend whose requests say so; Gloo's P2P ones never do)
         else:
             try:
                 failures.wait_for(wait_all, self.view, lambda: f"{self.name}: {list_ops(flight.ops)}")
