@@ -40,7 +40,7 @@ from ..errors import ReshardError, TransportError
 from ..plan.describe import format_ranks
 from ..plan.ops import TransferOp
 from ..transport.copy_service import CopyService
-from ..views import copy_into, materialize
+from ..views import SplitView, copy_into, materialize
 from . import delta_codec
 from .messages import ExecContext, Incoming, Outgoing, recipe_of
 from .schedule import Schedule, message_task_id
@@ -124,7 +124,9 @@ def written_only_by(dst: Mapping[str, torch.Tensor | None], serial: int) -> bool
 
 
 def _storage_keys(dst: Mapping[str, torch.Tensor | None]) -> Iterable[int]:
+    """The storage address under each destination (a ``SplitView``'s: its base's)."""
     for tensor in dst.values():
+        tensor = tensor.base if isinstance(tensor, SplitView) else tensor
         if isinstance(tensor, torch.Tensor):
             yield getattr(tensor, "_local_tensor", tensor).untyped_storage().data_ptr()
 

@@ -101,3 +101,39 @@ def test_a_scan_lists_exactly_the_changed_words(offset):
     assert torch.equal(changes.positions, want)
     assert torch.equal(changes.new, cur[want]) and torch.equal(changes.old, old[want])
     assert scan.blocks <= want.numel() <= scan.blocks * scan.width
+
+
+@pytest.mark.parametrize("kind", ["contiguous", "strided", "split", "bytes"])
+def test_a_delta_lands_in_every_kind_of_destination_region(kind):
+    """``delta._write_words`` on a plain contiguous region, a strided one (a column block), a split
+    region (Megatron's q rows inside ``linear_qkv``) and a strided uint8 region (through a copy):
+    the region's words become the new ones, nothing else of the base changes."""
+    from reshard_core.execute import delta as deltas
+    from reshard_core.execute.slots import Slot
+    from reshard_core.views import SplitView, materialize, region
+
+    gen = torch.Generator().manual_seed(2)
+    if kind == "split":  # 2 groups of [q: 4 rows; k: 1; v: 1] x 8 columns; the logical q rows 2..6
+        base = torch.randn(2, 6, 8, generator=gen).to(torch.bfloat16)
+        target = region(SplitView(base[:, :4], [(2, 4), (8,)]), (2, 0), (4, 8))
+        inside = (slice(None), slice(0, 4))  # covers the region (and q rows outside it)
+    elif kind == "bytes":
+        base = torch.randint(0, 256, (16, 10), generator=gen, dtype=torch.int32).to(torch.uint8)
+        inside = (slice(None), slice(2, 6))
+        target = base[inside]
+    else:
+        base = torch.randn(16, 12, generator=gen).to(torch.bfloat16)
+        inside = (slice(4, 10),) if kind == "contiguous" else (slice(None), slice(3, 7))
+        target = base[inside]
+    before = materialize(target).clone()
+    words = before.reshape(-1).view(torch.uint8).view(torch.int16).clone()
+    new = words.clone()
+    new[::3] += 1
+    new[1::7] -= 300
+    delta = codec.decode(codec.encode(new, words))
+    untouched = base.clone()
+    deltas._write_words(target, Slot(0, tuple(before.shape), before.dtype), delta.positions, delta, 0)
+    assert torch.equal(materialize(target).reshape(-1).view(torch.uint8).view(torch.int16), new)
+    outside = torch.ones(base.shape, dtype=torch.bool)
+    outside[inside] = False
+    assert torch.equal(base[outside], untouched[outside])

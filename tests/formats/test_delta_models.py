@@ -8,7 +8,9 @@ the source after every refit. Three pairs:
 
 - Megatron-Core ``GPTModel`` TP2 (×DP2) → ``GPTModel`` TP4 (one format);
 - Megatron-Core ``GPTModel`` TP2 → ``LlamaForCausalLM`` replicated (Megatron → HF, through formats);
-- ``LlamaForCausalLM`` under FSDP2 (4 ranks) → ``LlamaForCausalLM`` replicated (one format).
+- ``LlamaForCausalLM`` under FSDP2 (4 ranks) → ``LlamaForCausalLM`` replicated (one format);
+- ``LlamaForCausalLM`` under FSDP2 → ``GPTModel`` TP2 (HF → Megatron: deltas land in the split
+  views of ``linear_qkv``, through a copy of each region).
 
 Each run includes a learning-rate spike (a step that changes most elements: messages go whole), a
 step where one rank replaces a destination parameter (its plan changes: every rank rebuilds and
@@ -152,6 +154,7 @@ def _world(rank: int, world: int) -> dict:
     out["megatron->megatron"] = _run(rank, src, _gpt(4), _gpt(4), fail=False)
     out["megatron->hf"] = _run(rank, _gpt(2), _llama(), _llama(), fail=True)
     out["hf->hf"] = _run(rank, _fsdp_llama(), _llama(), _llama(), fail=False)
+    out["hf->megatron"] = _run(rank, _fsdp_llama(), _gpt(2), _gpt(2), fail=False)
     return out
 
 
@@ -160,7 +163,7 @@ def runs():
     return run_world(_world, 4, timeout=600)
 
 
-@pytest.mark.parametrize("pair", ["megatron->megatron", "megatron->hf", "hf->hf"])
+@pytest.mark.parametrize("pair", ["megatron->megatron", "megatron->hf", "hf->hf", "hf->megatron"])
 def test_delta_refits_are_bit_exact_every_step_and_move_only_what_changed(runs, pair):
     for rank, per_rank in enumerate(runs):
         records = per_rank[pair]
