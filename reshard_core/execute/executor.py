@@ -170,7 +170,10 @@ def _pipeline(ctx: ExecContext, schedule: Schedule, transport: CopyService, wind
     flying: list[Flight] = []  # launch order
     try:
         for batch in schedule.batches:
-            flight = _launch(ctx, batch, schedule, transport)
+            try:
+                flight = _launch(ctx, batch, schedule, transport)
+            except TransportError as exc:  # a peer gone before this batch even started
+                raise TransportError(f"rank {ctx.plan.rank}, batch {batch.index}: {exc}") from exc
             flight.heavy = flight.staged > 0 or batch.index in finals
             _run_locals(ctx, batch)
             while True:

@@ -86,8 +86,8 @@ def test_a_failed_transport_is_closed_forgotten_and_named_with_its_plugin():
         got = results[rank]
         op = "send to rank 1" if rank == 0 else "recv from rank 0"
         assert got["failed"] == (
-            f"transport 'gloo' (plugin reshard-gloo): gloo: could not start {op} (task 1, 128 bytes): "
-            "injected failure"
+            f"transport 'gloo' (plugin reshard-gloo): rank {rank}, batch 0: gloo: could not start {op} "
+            "(task 1, 128 bytes): injected failure"
         )
         assert got["closed"] is True
         assert got["cached after failure"] == (0, 0)
