@@ -132,9 +132,10 @@ def _storage_keys(dst: Mapping[str, torch.Tensor | None]) -> Iterable[int]:
 
 
 class DeltaRun:
-    """One delta execution on one rank: the rounds before the pipeline, the messages it prepared,
-    and the landing of received deltas. Built by ``begin``; the executor asks ``outgoing`` and
-    ``incoming_size`` per message and calls ``land`` for an encoded incoming one."""
+    """One delta execution on one rank: the rounds before the pipeline and the messages they
+    prepared. The executor calls ``begin`` before its first batch, asks ``outgoing`` and
+    ``incoming`` per message (an encoded one then lands by ``land``), and calls ``finish`` once
+    every message landed."""
 
     def __init__(self, state: DeltaState, ctx: ExecContext, schedule: Schedule) -> None:
         self.state, self.ctx, self.schedule = state, ctx, schedule
