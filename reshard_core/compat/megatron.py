@@ -28,7 +28,7 @@ the end and the return value, which Megatron leaves None):
 - After the weights landed, every destination module defining ``post_refit()`` (or, failing that,
   ``refresh_cache()``, its later name in Megatron) has it called once, in ``modules()`` order.
 - Exactness, errors before any data moves, no hang and in-place storage are reshard's contracts
-  (DESIGN.md), stricter than Megatron's: a name missing on one side is an error, not skipped.
+  (docs/design.md), stricter than Megatron's: a name missing on one side is an error, not skipped.
 - Caches: plans and sessions live in reshard's caches (``clear_plan_cache``); backend services in
   this module's (``get_or_create_service``, ``clear_service_cache``).
 """

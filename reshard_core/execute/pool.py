@@ -6,7 +6,7 @@ are flat uint8 tensors. ``take`` reuses the smallest free buffer of the device t
 (handing out its leading ``nbytes``), so messages of many distinct sizes share buffers instead of
 each keeping its own. The free buffers never exceed the most bytes that were ever out at once
 (``peak_out``): memory the pool holds is at most twice what the executor's staging needed, never the
-sum of every message size a plan has (contract 4). ``clear()`` frees them.
+sum of every message size a plan has (contract 4, docs/design.md). ``clear()`` frees them.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 The Megatron extractor lays out each parameter (TP/EP/DP groups, global layer and expert indices:
 ``decoder.layers.{L}``, ``...local_experts.{e}``, TE grouped ``...experts.linear_fc1.weight{e}``);
-this format says which logical (HF checkpoint) tensors each one holds, as views (formats.md):
+this format says which logical (HF checkpoint) tensors each one holds, as views (every Megatron
+setting that changes weights, mapped or refused: docs/formats-audit.md):
 
 ======================================================  =============================================
 Megatron (``decoder.layers.L.`` → ``model.layers.L.``)   logical
@@ -280,7 +281,7 @@ def _layer(
 
 
 def _qkv(spec: TensorSpec, prefix: str, kind: str, config: MegatronConfig, rank: int) -> list[Mapped]:
-    """Group-major ``[q heads of group g; k_g; v_g]`` blocks → q/k/v_proj (formats.md); with
+    """Group-major ``[q heads of group g; k_g; v_g]`` blocks → q/k/v_proj; with
     ``rotary_interleaved`` each q/k head's rows are regrouped from pairs into halves."""
     nh, ng, h = config.num_attention_heads, config.num_query_groups, config.kv_channels
     p, block = nh // ng, config.qkv_block

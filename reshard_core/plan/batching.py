@@ -10,7 +10,7 @@ element. A rank receives each of its destination elements once (≤ ``nbytes``),
 replica choice (see ``boxes``) makes one source copy serve at most ``ceil(D / S)`` receivers, so it
 sends at most ``nbytes × ceil(D / S)``.
 
-**Staging bound (DESIGN contract 4).** In every batch, each rank's packed sends total at most
+**Staging bound (contract 4, docs/design.md).** In every batch, each rank's packed sends total at most
 ``max_batch_bytes``, and so do its staged receives, except in a batch holding a single tensor
 whose weight alone exceeds the budget, where each is at most that tensor's weight. With at least
 as many source copies as destination copies (``D ≤ S``, the usual refit) the weight is the

@@ -1,4 +1,4 @@
-"""Validation of a layout table before any data moves (DESIGN contract 2: no silent loss).
+"""Validation of a layout table before any data moves (contract 2 of docs/design.md: no silent loss).
 
 ``validate_table(table, ignore=..., tied=...)`` returns the *effective* table the planner uses, or
 raises one ``PlanError`` naming the tensor, the ranks and the region of the first problem (in
