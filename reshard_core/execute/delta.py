@@ -36,14 +36,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import ReshardError, TransportError
+from ..errors import ReshardError
 from ..plan.describe import format_ranks
 from ..plan.ops import TransferOp
 from ..transport.copy_service import CopyService
 from ..views import SplitView, copy_into, materialize
 from . import delta_codec
 from .messages import ExecContext, Incoming, Outgoing, recipe_of
-from .schedule import Schedule, message_task_id
+from .schedule import Schedule
+from .side_round import side_round
 from .slots import Slot, layout_slots, slot_view
 from .verify import exchange_device
 
@@ -97,6 +98,10 @@ class DeltaState:
     """Per receiver: the update id this rank's snapshots for it stand at."""
     applied: dict[int, tuple[int, int]] = field(default_factory=dict)
     """Per sender: the id of the last update from it this rank applied in full."""
+    eligible: dict[MessageKey, bool] = field(default_factory=dict)
+    """Per message sent: whether it can go as a delta (fixed by the plan, decided once)."""
+    refusals: dict[MessageKey, str] = field(default_factory=dict)
+    """Per message received: why this rank cannot take it as a delta ("": it can), decided once."""
     origin: str = "first delta refit of this plan"
     """Why its first execution is full (the session's plan is new, or was rebuilt)."""
 
@@ -167,13 +172,13 @@ class DeltaRun:
             if not known:
                 self.notes.setdefault(self._why_full(peer, confirmed[peer]), []).append(peer)
             state.sent.pop(peer, None)  # the snapshots change below: trusted again once confirmed
-            announce[peer] = [*update, *(self._prepare(key, known) for key in keys)]
+            announce[peer] = [*update, *(self._prepare(key, ops, known) for key, ops in keys)]
             state.sent[peer] = update
         received = self._round(transport, 2, announce, {p: 2 + len(keys) for p, keys in recvs.items()})
         for peer, keys in recvs.items():
             values = received[peer]
             self.update[peer] = (values[0], values[1])
-            self.sizes.update(zip(keys, values[2:], strict=True))
+            self.sizes.update(zip((key for key, _ in keys), values[2:], strict=True))
 
     def _why_full(self, peer: int, confirmed: list[int]) -> str:
         if self.state.seq == 1:
@@ -182,13 +187,13 @@ class DeltaRun:
             return "the receiver holds no baseline (its last refit failed or its weights were rewritten)"
         return "the receiver did not confirm the last update"
 
-    def _messages(self, direction: str) -> dict[int, list[MessageKey]]:
-        """Every message of this rank in one direction, by peer, in schedule order."""
-        out: dict[int, list[MessageKey]] = {}
+    def _messages(self, direction: str) -> dict[int, list[tuple[MessageKey, list[TransferOp]]]]:
+        """Every message of this rank in one direction with its ops, by peer, in schedule order."""
+        out: dict[int, list[tuple[MessageKey, list[TransferOp]]]] = {}
         by_batch = self.schedule.sends if direction == "send" else self.schedule.receives
         for batch in self.schedule.batches:
-            for peer, seq, _ in by_batch[batch.index]:
-                out.setdefault(peer, []).append((batch.index, peer, seq))
+            for peer, seq, ops in by_batch[batch.index]:
+                out.setdefault(peer, []).append(((batch.index, peer, seq), ops))
         return out
 
     def _round(
@@ -197,28 +202,19 @@ class DeltaRun:
         """Send each peer in ``out`` its int64 values and receive ``expect[peer]`` values from each
         peer in ``expect``, tagged as batch ``num_batches + step``."""
         plan = self.ctx.plan
-        rank, index = plan.rank, plan.num_batches + step
         device = exchange_device(transport)
-        inbound = {}
-        for peer, n in expect.items():
-            inbound[peer] = torch.empty(n, dtype=torch.int64, device=device)
-            transport.submit_recv(inbound[peer], peer, message_task_id(index, peer, rank))
-        for peer, values in out.items():
-            transport.submit_send(torch.tensor(values, dtype=torch.int64, device=device), peer,
-                                  message_task_id(index, rank, peer))  # fmt: skip
-        start = getattr(transport, "start", None)
-        try:
-            start().wait() if callable(start) else transport.run()
-        except TransportError as exc:
-            what = "confirm" if step == 1 else "announce"
-            raise TransportError(f"rank {rank}, delta {what} round: {exc}") from exc
-        return {peer: buffer.tolist() for peer, buffer in inbound.items()}
+        sends = {peer: torch.tensor(values, dtype=torch.int64, device=device) for peer, values in out.items()}
+        recvs = {peer: torch.empty(n, dtype=torch.int64, device=device) for peer, n in expect.items()}
+        what = "delta confirm round" if step == 1 else "delta announce round"
+        side_round(transport, plan.rank, plan.num_batches + step, sends, recvs, what)
+        return {peer: buffer.tolist() for peer, buffer in recvs.items()}
 
-    def _prepare(self, key: MessageKey, known: bool) -> int:
+    def _prepare(self, key: MessageKey, ops: list[TransferOp], known: bool) -> int:
         """Build message ``key`` now: a delta when ``known`` and small enough, else dense; advance
         its snapshot. Returns the size to announce (-1: dense)."""
-        ops = self._ops(key, self.schedule.sends)
-        if not eligible(self.ctx, ops):
+        if key not in self.state.eligible:
+            self.state.eligible[key] = eligible(self.ctx, ops)
+        if not self.state.eligible[key]:
             return -1
         ctx, state = self.ctx, self.state
         recipe = recipe_of(ctx, ops, "send")
@@ -285,13 +281,6 @@ class DeltaRun:
         self.messages += 1
         return payload.numel()
 
-    def _ops(self, key: MessageKey, by_batch: Mapping[int, list]) -> list[TransferOp]:
-        batch, peer, seq = key
-        for p, s, ops in by_batch[batch]:
-            if p == peer and s == seq:
-                return ops
-        raise AssertionError(f"message {key} is not in the schedule")
-
     # -- during the pipeline --------------------------------------------------------------------------
 
     def outgoing(self, key: MessageKey) -> Outgoing | None:
@@ -303,19 +292,11 @@ class DeltaRun:
         size = self.sizes.get(key, -1)
         if size < 0:
             return None
-        if not eligible(self.ctx, ops):
-            raise ReshardError(
-                f"rank {self.ctx.plan.rank}: rank {key[1]} sent a delta for tensors this rank cannot "
-                f"take one for ({', '.join(dict.fromkeys(op.name for op in ops))}): every rank must "
-                "pass the same transform"
-            )
+        if key not in self.state.refusals:
+            self.state.refusals[key] = _refusal(self.ctx, key, ops)
+        if self.state.refusals[key]:
+            raise ReshardError(self.state.refusals[key])
         recipe = recipe_of(self.ctx, ops, "recv")
-        for target, slot in recipe.pieces:
-            if target.dtype != slot.dtype:
-                raise ReshardError(
-                    f"rank {self.ctx.plan.rank}: a delta from rank {key[1]} carries {slot.dtype} words for a "
-                    f"{target.dtype} destination; delta refits need destinations of the plan's dtype"
-                )
         message = self.ctx.pool.take(size, recipe.pieces[0][0].device)
         return Incoming(key[1], message, [], False, self.ctx.meter.hold(size), recipe, encoded=True)
 
@@ -332,6 +313,23 @@ class DeltaRun:
             self.messages, self.dense, self.changed, self.compared, self.full, self.state.held_bytes,
             "; ".join(notes),
         )
+
+
+def _refusal(ctx: ExecContext, key: MessageKey, ops: list[TransferOp]) -> str:
+    """Why this rank cannot take a delta for the message ``key`` of ``ops`` ("" when it can)."""
+    if not eligible(ctx, ops):
+        return (
+            f"rank {ctx.plan.rank}: rank {key[1]} sent a delta for tensors this rank cannot take one "
+            f"for ({', '.join(dict.fromkeys(op.name for op in ops))}): every rank must pass the same "
+            "transform"
+        )
+    for target, slot in recipe_of(ctx, ops, "recv").pieces:
+        if target.dtype != slot.dtype:
+            return (
+                f"rank {ctx.plan.rank}: a delta from rank {key[1]} carries {slot.dtype} words for a "
+                f"{target.dtype} destination; delta refits need destinations of the plan's dtype"
+            )
+    return ""
 
 
 def eligible(ctx: ExecContext, ops: list[TransferOp]) -> bool:

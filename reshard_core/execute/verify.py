@@ -31,13 +31,13 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import ReshardError, TransportError
+from ..errors import ReshardError
 from ..exchange.collective import all_gather_bytes
 from ..plan.ops import RankPlan, TransferOp
 from ..transport.copy_service import CopyService
 from ..views import materialize
 from .messages import ExecContext, Incoming, land
-from .schedule import message_task_id
+from .side_round import side_round
 from .slots import Slot
 from .stats import ExecStats
 
@@ -141,19 +141,14 @@ class Verifier:
     def finish(self, transport: CopyService, stats: ExecStats) -> None:
         """Exchange the digests with every peer (one small message per pair and direction), compare,
         and record the counts and any mismatch (``ExecStats.mismatches``) in ``stats``."""
-        rank, index = self.plan.rank, self.plan.num_batches
-        inbound = []
-        for peer, entries in self.expected.items():
-            buffer = torch.empty((len(entries), 2), dtype=torch.int64, device=self.device)
-            transport.submit_recv(buffer, peer, message_task_id(index, peer, rank))
-            inbound.append((peer, entries, buffer))
-        for peer, digests in self.sent_digests.items():
-            transport.submit_send(self._stacked(digests), peer, message_task_id(index, rank, peer))
-        start = getattr(transport, "start", None)
-        try:
-            start().wait() if callable(start) else transport.run()
-        except TransportError as exc:
-            raise TransportError(f"rank {rank}, verify digests: {exc}") from exc
+        rank = self.plan.rank
+        inbound = [
+            (peer, entries, torch.empty((len(entries), 2), dtype=torch.int64, device=self.device))
+            for peer, entries in self.expected.items()
+        ]
+        sends = {peer: self._stacked(digests) for peer, digests in self.sent_digests.items()}
+        recvs = {peer: buffer for peer, _, buffer in inbound}
+        side_round(transport, rank, self.plan.num_batches, sends, recvs, "verify digests")
         found = []
         for peer, entries, buffer in inbound:
             mine = self._stacked([e.digest for e in entries])

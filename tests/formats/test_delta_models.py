@@ -39,6 +39,7 @@ LR = 1e-5
 REPLACE_AT, PLAIN_AT, FAIL_AT = 10, 13, 16
 BF16 = torch.bfloat16
 TIMEOUT = 20.0
+PAIRS = ("megatron->megatron", "megatron->hf", "hf->hf", "hf->megatron")
 
 
 def _gpt(tp: int):
@@ -134,8 +135,15 @@ def _run(rank: int, src, dst, twin, *, fail: bool) -> list[dict]:
         d = report.delta
         records.append(
             dict(
-                step=step, error=error, wrong=_equal(dst, twin), sent=report.bytes_sent, full=d.full_bytes,
-                deltas=d.messages, changed=d.changed_words, compared=d.compared_words, note=d.note,
+                step=step,
+                error=error,
+                wrong=_equal(dst, twin),
+                sent=report.bytes_sent,
+                full=d.full_bytes,
+                deltas=d.messages,
+                changed=d.changed_words,
+                compared=d.compared_words,
+                note=d.note,
             )  # fmt: skip
         )
     return records
@@ -163,13 +171,13 @@ def runs():
     return run_world(_world, 4, timeout=600)
 
 
-@pytest.mark.parametrize("pair", ["megatron->megatron", "megatron->hf", "hf->hf", "hf->megatron"])
+@pytest.mark.parametrize("pair", PAIRS)
 def test_delta_refits_are_bit_exact_every_step_and_move_only_what_changed(runs, pair):
+    _sending(runs, pair, 0)
     for rank, per_rank in enumerate(runs):
         records = per_rank[pair]
         assert [r["wrong"] for r in records] == [[]] * STEPS, (rank, pair)
-        senders = [r for r in records if r["full"]]
-        if not senders:
+        if not records[0]["full"]:  # this rank sends nothing in this pair
             continue
         first = records[0]
         assert first["deltas"] == 0 and first["sent"] >= first["full"]
@@ -181,28 +189,31 @@ def test_delta_refits_are_bit_exact_every_step_and_move_only_what_changed(runs, 
         assert spike["changed"] > spike["compared"] / 2 and "changed too densely" in spike["note"]
 
 
-def test_a_rank_whose_plan_changes_makes_that_refit_full_everywhere_saying_why(runs):
-    for per_rank in runs:
-        for pair, records in per_rank.items():
-            r = records[REPLACE_AT]
-            if r["full"]:
-                assert r["deltas"] == 0 and "the plan was rebuilt" in r["note"], (pair, r)
-                assert records[REPLACE_AT + 1]["deltas"] > 0
+def _sending(runs, pair: str, step: int) -> list[tuple[dict, list[dict]]]:
+    """``(record of step, all records)`` of the ranks that send in ``pair`` (at least one)."""
+    found = [
+        (records[step], records) for records in (per_rank[pair] for per_rank in runs) if records[step]["full"]
+    ]
+    assert found, f"no rank sends in {pair} at step {step}"
+    return found
 
 
-def test_a_plain_refit_into_the_destination_makes_the_next_delta_refit_full_for_it(runs):
-    for per_rank in runs:
-        for pair, records in per_rank.items():
-            r = records[PLAIN_AT]
-            if r["full"]:
-                assert r["deltas"] == 0 and "holds no baseline" in r["note"], (pair, r)
+@pytest.mark.parametrize("pair", PAIRS)
+def test_a_rank_whose_plan_changes_makes_that_refit_full_everywhere_saying_why(runs, pair):
+    for r, records in _sending(runs, pair, REPLACE_AT):
+        assert r["deltas"] == 0 and "the plan was rebuilt" in r["note"], (pair, r)
+        assert records[REPLACE_AT + 1]["deltas"] > 0
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+def test_a_plain_refit_into_the_destination_makes_the_next_delta_refit_full_for_it(runs, pair):
+    for r, _ in _sending(runs, pair, PLAIN_AT):
+        assert r["deltas"] == 0 and "holds no baseline" in r["note"], (pair, r)
 
 
 def test_after_an_injected_transport_failure_the_next_refit_is_full_and_exact(runs):
     errors = [per_rank["megatron->hf"][FAIL_AT]["error"] for per_rank in runs]
     assert errors[1] == "TransportError" and all(errors), errors
-    for per_rank in runs:
-        r = per_rank["megatron->hf"][FAIL_AT]
-        assert r["wrong"] == []
-        if r["full"]:
-            assert r["deltas"] == 0, r
+    assert [per_rank["megatron->hf"][FAIL_AT]["wrong"] for per_rank in runs] == [[]] * len(runs)
+    for r, _ in _sending(runs, "megatron->hf", FAIL_AT):
+        assert r["deltas"] == 0, r
