@@ -38,7 +38,7 @@ from .extract import ExtractContext, extract_specs, iter_tensors
 from .extract.destinations import destination_problems
 from .extract.freshness import source_refreshers
 from .formats import ModelFormat, resolve_format
-from .formats.sides import FormatChoice, agreed_formats, format_code, logical_hint, logical_side
+from .build.sides import FormatChoice, agreed_formats, format_code, logical_hint, logical_side
 from .plan.cache import cached_plan_rank, clear_plan_cache
 from .plan.ops import RankPlan
 from .plugins import get_plugin_manager
@@ -684,7 +684,7 @@ def _agree(
 ) -> tuple[bool, tuple[tuple[int, ...], tuple[int, ...]], dict[int, tuple[int, int]], dict[int, tuple]]:
     """One tiny all-gather over ``group``: whether the cached session is valid on every rank, which
     global ranks pass a source and a destination model, each rank's ``(src, dst)`` format codes
-    (``formats.sides.format_code``) and its option digests (``exchange.options``). Bounded by
+    (``build.sides.format_code``) and its option digests (``exchange.options``). Bounded by
     ``timeout`` when given."""
     view = view_of(group)
     device = "cuda" if view.backend == "nccl" else "cpu"

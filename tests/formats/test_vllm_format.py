@@ -21,7 +21,7 @@ from vllm_oracle import expected_vllm, hf_values
 from reshard_core.errors import FormatError, PlanError
 from reshard_core.extract import ExtractContext
 from reshard_core.formats import declare_format, resolve_format
-from reshard_core.formats.coverage import coverage_problems
+from reshard_core.build.coverage import coverage_problems
 from reshard_core.formats.vllm import (
     PARALLEL_ATTR,
     VLLMFormat,

@@ -19,11 +19,11 @@ import torch
 from ..errors import ReshardError
 from ..exchange.verdict import Problems
 from ..extract import ExtractContext
+from ..formats.base import CanonicalFormat, ModelFormat
+from ..formats.registry import available_formats
 from ..plan.describe import format_ranks
 from ..specs import TensorSpec
-from .base import CanonicalFormat, ModelFormat
 from .coverage import coverage_problems
-from .registry import available_formats
 
 LOGICAL_TIES = {"lm_head.weight": "model.embed_tokens.weight"}
 """A destination ``lm_head`` with no source ``lm_head`` is fed from the embedding: a logical source
