@@ -8,13 +8,19 @@ from __future__ import annotations
 
 from .base import CanonicalFormat, FormatSpecs, ModelFormat
 from .registry import available_formats, declare_format, format_named, resolve_format
+from .vllm import VOCAB_PADDING, VLLMFormat, VLLMParallel, declare_vllm, parallel_from_vllm
 
 __all__ = [
     "CanonicalFormat",
     "FormatSpecs",
     "ModelFormat",
+    "VLLMFormat",
+    "VLLMParallel",
+    "VOCAB_PADDING",
     "available_formats",
     "declare_format",
+    "declare_vllm",
     "format_named",
+    "parallel_from_vllm",
     "resolve_format",
 ]
