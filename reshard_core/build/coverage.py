@@ -20,8 +20,7 @@ from typing import Any
 
 import torch
 
-from ..extract import iter_tensors
-from ..extract.walk import _roots
+from ..extract import iter_tensors, root_modules
 from ..specs import TensorSpec
 from ..views import SplitView
 
@@ -33,7 +32,7 @@ def coverage_problems(
 ) -> list[str]:
     """Error lines (empty when fine) for destination ``specs`` and ``padding`` of ``model`` by ``fmt``."""
     params: dict[int, list[tuple[int, int, str, int]]] = {}
-    roots = _roots(model)
+    roots = root_modules(model)
     for chunk, root in enumerate(roots):
         for name, tensor, _ in iter_tensors(root):
             local = getattr(tensor, "_local_tensor", tensor)

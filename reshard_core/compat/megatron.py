@@ -12,7 +12,8 @@ the end and the return value, which Megatron leaves None):
 
 - Models are a module, a ``[module]`` list as Megatron's training loop passes them (a list of
   virtual-pipeline chunks is refit chunk by chunk, where Megatron reads only ``[0]``), or None on a
-  rank that only sends, only receives or idles. DDP / ``Float16Module`` wrappers are unwrapped.
+  rank that only sends, only receives or idles. DDP / ``Float16Module`` / FSDP wrappers are
+  unwrapped (``reshard_core.extract.unwrap``).
   A model without ``pg_collection`` raises Megatron's ``RuntimeError``; a missing ``dp`` group is
   filled from ``parallel_state`` as Megatron does.
 - ``refit_method``: a backend name (``"gloo"``, ``"nccl"``, ``"nvshmem"``: reshard's transports of
@@ -43,6 +44,7 @@ import torch.distributed as dist
 
 from ..api import RefitReport, clear_caches, prepare, refit
 from ..exchange import failures
+from ..extract import unwrap
 from ..transform import ReshardTransform
 from ..transport.copy_service import CopyService
 from .megatron_mxfp8 import setup_mxfp8
@@ -62,9 +64,6 @@ __all__ = [
     "swap_model_weights",
 ]
 
-_WRAPPERS = frozenset(
-    {"DistributedDataParallel", "Float16Module", "FullyShardedDataParallel", "TorchFullyShardedDataParallel"}
-)
 _service_cache: dict[tuple[str, tuple[int, ...] | None], CopyService] = {}
 _adapters: dict[int, MegatronServiceAdapter] = {}
 
@@ -234,9 +233,7 @@ def _cores(model: Model, side: str) -> list[torch.nn.Module] | None:
     chunks = list(model) if isinstance(model, (list, tuple)) else [model]
     cores = []
     for chunk in chunks:
-        core = chunk
-        while type(core).__name__ in _WRAPPERS and isinstance(getattr(core, "module", None), torch.nn.Module):
-            core = core.module
+        core = unwrap(chunk)
         pgs = getattr(core, "pg_collection", None)
         if pgs is None:
             raise RuntimeError(f"{side} model missing pg_collection required for reshard")

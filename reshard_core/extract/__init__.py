@@ -6,15 +6,24 @@ Built-in extractors (tried after any plugin's): DTensor (``dtensor.py``), Megatr
 
 from __future__ import annotations
 
-from .context import ExtractContext, ExtractError, strip_wrappers
+from .builtin import reshard_extract_tensor as builtin_extract
+from .context import ExtractContext, ExtractError
+from .dtensor import dtensor_shape_and_layout, is_dtensor
 from .plain import declare_layout
-from .walk import extract_specs, iter_tensors
+from .unwrap import strip_wrappers, unwrap, unwrap_all
+from .walk import extract_specs, iter_tensors, root_modules
 
 __all__ = [
     "ExtractContext",
     "ExtractError",
+    "builtin_extract",
     "declare_layout",
+    "dtensor_shape_and_layout",
     "extract_specs",
+    "is_dtensor",
     "iter_tensors",
+    "root_modules",
     "strip_wrappers",
+    "unwrap",
+    "unwrap_all",
 ]

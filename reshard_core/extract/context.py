@@ -15,23 +15,11 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ReshardError
+from .unwrap import strip_wrappers  # noqa: F401 (plain.py and dtensor.py still import it from here)
 
 
 class ExtractError(ReshardError):
     """A model cannot be described: an unclaimed tensor, an unsupported placement, a bad declaration."""
-
-
-# Attribute names torch wrappers insert into qualnames (FSDP1, activation checkpointing,
-# torch.compile). They never name user modules, so dropping them anywhere is safe.
-_WRAPPER_PARTS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"})
-
-
-def strip_wrappers(qualname: str) -> str:
-    """``qualname`` without wrapper components (``a._fsdp_wrapped_module.b`` -> ``a.b``)."""
-    parts = qualname.split(".")
-    if not _WRAPPER_PARTS.intersection(parts):
-        return qualname
-    return ".".join(p for p in parts if p not in _WRAPPER_PARTS)
 
 
 @dataclass

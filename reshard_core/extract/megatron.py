@@ -39,7 +39,8 @@ import torch
 
 from ..layout import Layout, Mesh, Replicate, Shard
 from ..specs import TensorMeta, TensorSpec
-from .context import ExtractContext, ExtractError, strip_wrappers
+from .context import ExtractContext, ExtractError
+from .unwrap import strip_wrappers
 
 _TP_ATTRS = ("tensor_model_parallel", "partition_dim", "partition_stride", "partition_sizes", "allreduce")
 _GROUPED = re.compile(r"^(weight|bias)(\d+)$")

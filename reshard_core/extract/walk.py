@@ -10,9 +10,7 @@ import torch
 from ..plugins import get_plugin_manager
 from ..specs import TensorSpec
 from .context import ExtractContext, ExtractError
-
-# Root wrappers whose ``.module`` is the real model (torch DDP, Megatron DDP / Float16Module).
-_ROOT_WRAPPERS = frozenset({"DistributedDataParallel", "Float16Module", "FP8Module", "FP4Module"})
+from .unwrap import unwrap_all
 
 
 def extract_specs(
@@ -37,7 +35,7 @@ def extract_specs(
     hook = get_plugin_manager().hook.reshard_extract_tensor
     specs: list[TensorSpec] = []
     origin: dict[str, str] = {}
-    for root in _roots(model):
+    for root in root_modules(model):
         for qualname, tensor, owner in iter_tensors(root):
             call = dict(qualname=qualname, tensor=tensor, owner=owner, model=root, side=side, context=ctx)
             try:
@@ -94,17 +92,13 @@ def iter_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor, to
                 yield (f"{prefix}.{leaf}" if prefix else leaf), tensor, module
 
 
-def _roots(model) -> list[torch.nn.Module]:
-    if model is None:
-        return []
-    models = list(model) if isinstance(model, (list, tuple)) else [model]
-    roots = []
-    for m in models:
-        while type(m).__name__ in _ROOT_WRAPPERS and isinstance(getattr(m, "module", None), torch.nn.Module):
-            m = m.module
+def root_modules(model: Any) -> list[torch.nn.Module]:
+    """The root modules of ``model`` (a module, a list of pipeline chunks, or None), unwrapped
+    (``unwrap``). Raises ``ExtractError`` for an item that is no ``torch.nn.Module``."""
+    roots = unwrap_all(model)
+    for m in roots:
         if not isinstance(m, torch.nn.Module):
             raise ExtractError(f"expected a torch.nn.Module, got {type(m).__name__}")
-        roots.append(m)
     return roots
 
 

@@ -63,7 +63,7 @@ from typing import Any
 import torch
 
 from ..errors import FormatError
-from ..extract import ExtractContext
+from ..extract import ExtractContext, unwrap
 from ..specs import TensorSpec
 from .base import ModelFormat
 from .pieces import halves, regroup, rename, split, unpad
@@ -100,7 +100,6 @@ _MTP_RENAMES = {
     "final_layernorm.weight": "shared_head.norm.weight",
 }
 _MTP_INNER = ("transformer_layer.", "mtp_model_layer.")
-_WRAPPERS = ("DistributedDataParallel", "Float16Module", "FP8Module", "FP4Module")
 
 
 _REFUSED: tuple[tuple[str, object, str], ...] = (
@@ -299,7 +298,7 @@ def _qkv(spec: TensorSpec, prefix: str, kind: str, config: MegatronConfig, rank:
 
 
 class MegatronFormat(ModelFormat):
-    """A Megatron-Core ``GPTModel`` (or a list of its pipeline chunks; DDP/Float16Module unwrapped).
+    """A Megatron-Core ``GPTModel`` (or a list of its pipeline chunks; wrappers removed).
 
     ``vocab_size``: the real vocab when the model's is padded. ``config``: a ``TransformerConfig``
     (or a ``MegatronConfig``, or an object with the same field names) used instead of the model's,
@@ -396,8 +395,5 @@ def _check_model(root: Any, config: Any) -> None:
 
 
 def _root(model: Any) -> Any:
-    """The first pipeline chunk, DDP / Float16Module wrappers removed."""
-    m = model[0] if isinstance(model, (list, tuple)) else model
-    while type(m).__name__ in _WRAPPERS and hasattr(m, "module"):
-        m = m.module
-    return m
+    """The first pipeline chunk, wrappers removed (``extract.unwrap``)."""
+    return unwrap(model[0] if isinstance(model, (list, tuple)) else model)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import PluginError
+from ..extract import unwrap_all
 from ..plugins import get_plugin_manager
 from .base import ModelFormat
 
@@ -56,7 +57,7 @@ def declare_format(model: Any, fmt: ModelFormat | str) -> Any:
     """Declare that ``model`` (e.g. a custom engine's module) is in format ``fmt``; return it."""
     if not isinstance(fmt, ModelFormat):
         fmt = format_named(fmt)
-    for module in _modules(model):
+    for module in unwrap_all(model):
         setattr(module, FORMAT_ATTR, fmt)
     return model
 
@@ -68,7 +69,7 @@ def resolve_format(model: Any, given: ModelFormat | str | None) -> ModelFormat |
         return given
     if given is not None:
         return format_named(given)
-    modules = _modules(model)
+    modules = unwrap_all(model)
     if not modules:
         return None
     declared = getattr(modules[0], FORMAT_ATTR, None)
@@ -78,15 +79,3 @@ def resolve_format(model: Any, given: ModelFormat | str | None) -> ModelFormat |
         if fmt.detect(modules[0]):
             return fmt
     return None
-
-
-def _modules(model: Any) -> list[Any]:
-    """The model's root modules (pipeline chunks), wrappers such as DDP's ``.module`` removed."""
-    if model is None:
-        return []
-    out = []
-    for m in model if isinstance(model, (list, tuple)) else [model]:
-        while type(m).__name__ in ("DistributedDataParallel", "Float16Module") and hasattr(m, "module"):
-            m = m.module
-        out.append(m)
-    return out
