@@ -19,15 +19,16 @@ An engine in vLLM's convention holds on each rank (vLLM's ``LlamaForCausalLM``, 
 
 vLLM's layers carry no sharding metadata, so this format derives each logical (HF checkpoint)
 tensor's layout from the model's transformers config (``model.config``) and a ``VLLMParallel``
-description, and its local piece as a view of a fused parameter (rows of ``qkv_proj``,
-``w13_weight[k, :I_l]``, …). The description is the model's ``reshard_vllm_parallel`` attribute
-(``reshard_core.testing.vllm_standin`` sets it), else, for a real vLLM model, read from vLLM's own
-process groups (``parallel_from_vllm``: pipeline parallel size 1, the ranks of vLLM's world).
+description (``vllm_parallel.py``), and its local piece as a cut of a fused parameter (rows of
+``qkv_proj``, ``w13_weight[k, :I_l]``, …: the cut language of ``cuts.py``; this module is only
+vLLM's naming, fusion and padding table). The description is the model's ``reshard_vllm_parallel``
+attribute (set by ``declare_vllm``), else, for a real vLLM model, read from vLLM's own process
+groups (``parallel_from_vllm``: pipeline parallel size 1, the ranks of vLLM's world).
 
 A custom engine (an SGLang model, a hand-written one) with vLLM's names and per-rank shapes and a
 ``config`` attribute declares it::
 
-    from reshard_core.formats.vllm import VLLMParallel, declare_vllm
+    from reshard_core.formats import VLLMParallel, declare_vllm
     declare_vllm(engine, VLLMParallel.of((0, 1, 2, 3)))
     # = declare_format(engine, "vllm"); engine.reshard_vllm_parallel = VLLMParallel.of((0, 1, 2, 3))
 
@@ -37,118 +38,36 @@ tensors (``rank=None``: every logical tensor), for an integrator planning offlin
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..errors import FormatError
-from ..extract import ExtractContext, iter_tensors, strip_wrappers
-from ..layout import Layout, Mesh, Placement, Replicate, Shard
-from ..specs import TensorMeta, TensorSpec
+from ..extract import ExtractContext, iter_tensors, strip_wrappers, unwrap
+from ..layout import Layout, Placement, Replicate, Shard
+from ..specs import TensorSpec
 from .base import FormatSpecs, ModelFormat
-from .pieces import unpad
+from .cuts import EngineTable, Narrow, Select
 from .registry import declare_format
+from .vllm_parallel import PARALLEL_ATTR, VLLMParallel, parallel_from_vllm, parallel_of
 
-PARALLEL_ATTR = "reshard_vllm_parallel"
-"""The model attribute holding its ``VLLMParallel``."""
+__all__ = [
+    "PARALLEL_ATTR",
+    "VOCAB_PADDING",
+    "VLLMFormat",
+    "VLLMParallel",
+    "declare_vllm",
+    "parallel_from_vllm",
+    "vllm_logical_specs",
+    "vllm_param_shapes",
+]
 
 VOCAB_PADDING = 64
 """vLLM's ``DEFAULT_VOCAB_PADDING_SIZE``: the vocab is padded to a multiple of it, then split over TP."""
 
-STANDIN_MODULE = "reshard_core.testing.vllm_standin"
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
-PLACEMENTS = ("linear", "round_robin")
 _ROUTED = ".experts.routed_experts."
-
-Cut = tuple[tuple[Any, ...], ...]
-"""Views taken in order of a local parameter: ``("select", dim, index)``, ``("narrow", dim, start, n)``."""
-
-
-@dataclass(frozen=True)
-class VLLMParallel:
-    """How a vLLM engine's ranks are arranged: ``tp_groups`` (global ranks, TP order) in DP order.
-
-    One group is a plain TP engine; several are data-parallel replicas (dense weights replicated
-    over them, MoE experts cut over all ``DP × TP`` ranks). ``enable_expert_parallel`` and
-    ``expert_placement`` ("linear" or "round_robin") are vLLM's options of the same names.
-    """
-
-    tp_groups: tuple[tuple[int, ...], ...]
-    enable_expert_parallel: bool = False
-    expert_placement: str = "linear"
-
-    def __post_init__(self) -> None:
-        groups = tuple(tuple(int(r) for r in g) for g in self.tp_groups)
-        object.__setattr__(self, "tp_groups", groups)
-        if not groups or not groups[0]:
-            raise ValueError("VLLMParallel needs at least one non-empty TP group")
-        if len({len(g) for g in groups}) != 1:
-            raise ValueError(f"VLLMParallel: TP groups of different sizes {[len(g) for g in groups]}")
-        if len(set(self.ranks)) != len(self.ranks):
-            raise ValueError(f"VLLMParallel: a rank appears twice in {groups}")
-        if self.expert_placement not in PLACEMENTS:
-            raise ValueError(f"VLLMParallel: expert_placement must be one of {PLACEMENTS}")
-
-    @classmethod
-    def of(
-        cls,
-        tp_ranks: Sequence[int],
-        *,
-        dp_replicas: Sequence[Sequence[int]] = (),
-        enable_expert_parallel: bool = False,
-        expert_placement: str = "linear",
-    ) -> VLLMParallel:
-        """One TP group (``tp_ranks``), then the TP groups of further DP replicas."""
-        groups = (tuple(tp_ranks), *(tuple(g) for g in dp_replicas))
-        return cls(groups, enable_expert_parallel, expert_placement)
-
-    @property
-    def tp_size(self) -> int:
-        return len(self.tp_groups[0])
-
-    @property
-    def dp_size(self) -> int:
-        return len(self.tp_groups)
-
-    @property
-    def ranks(self) -> tuple[int, ...]:
-        """Every rank, flattened ``dp_rank·T + tp_rank`` (vLLM's MoE order)."""
-        return tuple(r for g in self.tp_groups for r in g)
-
-    @property
-    def use_ep(self) -> bool:
-        """vLLM holds whole experts per rank only with expert parallelism over more than one rank."""
-        return self.enable_expert_parallel and len(self.ranks) > 1
-
-    def experts_of(self, num_experts: int) -> list[list[int]]:
-        """The global experts each flattened rank holds, in local order (expert parallelism only)."""
-        p = len(self.ranks)
-        if self.expert_placement == "round_robin":
-            return [list(range(r, num_experts, p)) for r in range(p)]
-        b, q = divmod(num_experts, p)
-        return [list(range(r * b + min(r, q), r * b + min(r, q) + b + (r < q))) for r in range(p)]
-
-
-@dataclass(frozen=True)
-class _Piece:
-    """One logical tensor: its name, global shape and layout, and where this rank holds it."""
-
-    name: str
-    shape: tuple[int, ...]
-    layout: Layout
-    param: str
-    cut: Cut | None  # None: this rank holds none of it (or no rank was given)
-
-
-@dataclass
-class _Table:
-    pieces: list[_Piece] = field(default_factory=list)
-    padding: list[tuple[str, Cut]] = field(default_factory=list)
-    params: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    """vLLM's parameters and their local shapes on the rank (empty when no rank was given)."""
 
 
 @dataclass(frozen=True)
@@ -204,75 +123,43 @@ class _Dims:
 
 
 class _Builder:
-    """Fills a ``_Table`` for one rank (or none) of one config and parallel description."""
+    """vLLM's naming, fusion and padding table for one rank (or none) of one config and arrangement."""
 
     def __init__(self, dims: _Dims, par: VLLMParallel, rank: int | None) -> None:
-        self.c, self.par, self.rank = dims, par, rank
-        self.table = _Table()
-        self.flat: int | None = None  # this rank's index in ``par.ranks``
-        if rank is not None:
-            if rank not in par.ranks:
-                raise FormatError(f"format 'vllm': rank {rank} is not in the parallel description {par}")
-            self.flat = par.ranks.index(rank)
-        self.layouts: dict[tuple, Layout] = {}  # one object per distinct layout: the exchange interns them
+        self.c, self.par = dims, par
+        if rank is not None and rank not in par.ranks:
+            raise FormatError(f"format 'vllm': rank {rank} is not in the parallel description {par}")
+        self.flat = par.ranks.index(rank) if rank is not None else None  # this rank's index in par.ranks
+        self.t = EngineTable("vllm", rank, "the config and parallel description")
 
-    # ------------------------------------------------------------------ layouts
-
-    def layout(self, ranks: tuple[int, ...], shape: tuple[int, ...], *placements: Placement) -> Layout:
-        key = (ranks, shape, placements)
-        if key not in self.layouts:
-            self.layouts[key] = Layout(Mesh(ranks, shape), placements)
-        return self.layouts[key]
+    # ------------------------------------------------------------------ vLLM's layouts
 
     def dense(self, placement: Placement) -> Layout:
         """``placement`` over the TP group, replicated over DP replicas."""
         par = self.par
         if par.dp_size == 1:
-            return self.layout(par.tp_groups[0], (par.tp_size,), placement)
-        return self.layout(par.ranks, (par.dp_size, par.tp_size), Replicate(), placement)
-
-    def replicated(self) -> Layout:
-        return self.layout(self.par.ranks, (len(self.par.ranks),), Replicate())
+            return self.t.layout(par.tp_groups[0], (par.tp_size,), placement)
+        return self.t.layout(par.ranks, (par.dp_size, par.tp_size), Replicate(), placement)
 
     def kv_replicated(self, groups: int) -> Layout:
         """kv heads over ``groups`` blocks of ``T/groups`` consecutive TP ranks holding one head each."""
         par = self.par
         r = par.tp_size // groups
         if par.dp_size == 1:
-            return self.layout(par.tp_groups[0], (groups, r), Shard(0), Replicate())
-        return self.layout(par.ranks, (par.dp_size, groups, r), Replicate(), Shard(0), Replicate())
+            return self.t.layout(par.tp_groups[0], (groups, r), Shard(0), Replicate())
+        return self.t.layout(par.ranks, (par.dp_size, groups, r), Replicate(), Shard(0), Replicate())
 
     def flat_layout(self, placement: Placement) -> Layout:
         """``placement`` over every rank flattened (vLLM's MoE tensor parallelism, ``M = DP × TP``)."""
-        return self.layout(self.par.ranks, (len(self.par.ranks),), placement)
-
-    def owner(self, rank: int) -> Layout:
-        """A whole tensor on one rank (an expert under expert parallelism)."""
-        return self.layout((rank,), (1,), Replicate())
-
-    # ------------------------------------------------------------------ table entries
-
-    def param(self, name: str, shape: tuple[int, ...]) -> None:
-        if self.rank is not None:
-            self.table.params[name] = shape
-
-    def add(self, name: str, shape: tuple[int, ...], layout: Layout, param: str, cut: Cut) -> None:
-        holds = self.rank is not None and layout.mesh.coord_of(self.rank) is not None
-        self.table.pieces.append(_Piece(name, shape, layout, param, cut if holds else None))
+        return self.t.layout(self.par.ranks, (len(self.par.ranks),), placement)
 
     def whole(self, name: str, shape: tuple[int, ...]) -> None:
         """A replicated parameter that is its own logical tensor."""
-        self.param(name, shape)
-        self.add(name, shape, self.replicated(), name, ())
-
-    def divided(self, what: str, n: int, by: int, by_what: str = "the TP size") -> int:
-        if n % by:
-            raise FormatError(f"format 'vllm': {what} ({n}) is not divisible by {by_what} ({by})")
-        return n // by
+        self.t.whole(name, shape, self.flat_layout(Replicate()))
 
     # ------------------------------------------------------------------ the model
 
-    def build(self) -> _Table:
+    def build(self) -> EngineTable:
         c = self.c
         self.vocab("model.embed_tokens.weight")
         for n in range(c.layers):
@@ -287,30 +174,22 @@ class _Builder:
         self.whole("model.norm.weight", (c.hidden,))
         if not c.tied:
             self.vocab("lm_head.weight")
-        return self.table
+        return self.t
 
     def vocab(self, name: str) -> None:
-        c, t = self.c, self.par.tp_size
+        c = self.c
         padded = -(-c.vocab // VOCAB_PADDING) * VOCAB_PADDING
-        per = self.divided("the padded vocab", padded, t)
-        self.param(name, (per, c.hidden))
-        physical = TensorSpec(TensorMeta(name, (padded, c.hidden), torch.float32), self.dense(Shard(0)), None)
-        logical, _ = unpad(physical, 0, c.vocab, name, -1)
-        keep = 0
-        if self.rank is not None:
-            keep = logical.layout.local_shape((c.vocab, c.hidden), self.rank)[0]
-            if keep < per:
-                self.table.padding.append((name, (("narrow", 0, keep, per - keep),)))
-        self.add(name, (c.vocab, c.hidden), logical.layout, name, (("narrow", 0, 0, keep),))
+        self.t.param(name, (self.t.divided("the padded vocab", padded, self.par.tp_size), c.hidden))
+        self.t.unpadded(name, (padded, c.hidden), self.dense(Shard(0)), 0, c.vocab)
 
     def attention(self, p: str) -> None:
         c, t = self.c, self.par.tp_size
         h = c.head_dim
-        q = self.divided("num_attention_heads", c.heads, t)
+        q = self.t.divided("num_attention_heads", c.heads, t)
         if t <= c.kv_heads:
-            kv, kv_layout = self.divided("num_key_value_heads", c.kv_heads, t), self.dense(Shard(0))
+            kv, kv_layout = self.t.divided("num_key_value_heads", c.kv_heads, t), self.dense(Shard(0))
         else:
-            self.divided("the TP size", t, c.kv_heads, "num_key_value_heads")
+            self.t.divided("the TP size", t, c.kv_heads, "num_key_value_heads")
             kv, kv_layout = 1, self.kv_replicated(c.kv_heads)
         rows = {"q_proj": (0, q * h), "k_proj": (q * h, kv * h), "v_proj": ((q + kv) * h, kv * h)}
         full = {"q_proj": c.heads * h, "k_proj": c.kv_heads * h, "v_proj": c.kv_heads * h}
@@ -319,13 +198,14 @@ class _Builder:
             if kind == "bias" and not c.qkv_bias:
                 continue
             param = f"{p}.qkv_proj.{kind}"
-            self.param(param, ((q + 2 * kv) * h, *cols))
+            self.t.param(param, ((q + 2 * kv) * h, *cols))
             for part, (start, n) in rows.items():
-                cut = (("narrow", 0, start, n),)
-                self.add(f"{p}.{part}.{kind}", (full[part], *cols), layouts[part], param, cut)
+                self.t.piece(
+                    f"{p}.{part}.{kind}", (full[part], *cols), layouts[part], param, (Narrow(0, start, n),)
+                )
         o_proj = f"{p}.o_proj.weight"
-        self.param(o_proj, (c.hidden, q * h))
-        self.add(o_proj, (c.hidden, c.heads * h), self.dense(Shard(1)), o_proj, ())
+        self.t.param(o_proj, (c.hidden, q * h))
+        self.t.piece(o_proj, (c.hidden, c.heads * h), self.dense(Shard(1)), o_proj)
         if c.o_bias:
             self.whole(f"{p}.o_proj.bias", (c.hidden,))
         if c.qk_norm:
@@ -334,18 +214,19 @@ class _Builder:
 
     def mlp(self, p: str, inter: int) -> None:
         c = self.c
-        il = self.divided("intermediate_size", inter, self.par.tp_size)
+        il = self.t.divided("intermediate_size", inter, self.par.tp_size)
         for kind, cols in (("weight", (c.hidden,)), ("bias", ())):
             if kind == "bias" and not c.mlp_bias:
                 continue
             param = f"{p}.gate_up_proj.{kind}"
-            self.param(param, (2 * il, *cols))
+            self.t.param(param, (2 * il, *cols))
             for part, start in (("gate_proj", 0), ("up_proj", il)):
-                cut = (("narrow", 0, start, il),)
-                self.add(f"{p}.{part}.{kind}", (inter, *cols), self.dense(Shard(0)), param, cut)
+                self.t.piece(
+                    f"{p}.{part}.{kind}", (inter, *cols), self.dense(Shard(0)), param, (Narrow(0, start, il),)
+                )
         down = f"{p}.down_proj.weight"
-        self.param(down, (c.hidden, il))
-        self.add(down, (c.hidden, inter), self.dense(Shard(1)), down, ())
+        self.t.param(down, (c.hidden, il))
+        self.t.piece(down, (c.hidden, inter), self.dense(Shard(1)), down)
         if c.mlp_bias:
             self.whole(f"{p}.down_proj.bias", (c.hidden,))
 
@@ -353,34 +234,33 @@ class _Builder:
         c, par = self.c, self.par
         self.whole(f"{p}.gate.weight", (c.experts, c.hidden))
         w13, w2 = f"{p}.experts.w13_weight", f"{p}.experts.w2_weight"
-        shapes = (c.moe_inter, c.hidden), (c.hidden, c.moe_inter)  # gate/up, down
         if par.use_ep:
             owned = par.experts_of(c.experts)
             if self.flat is not None:
-                self.param(w13, (len(owned[self.flat]), 2 * c.moe_inter, c.hidden))
-                self.param(w2, (len(owned[self.flat]), c.hidden, c.moe_inter))
+                self.t.param(w13, (len(owned[self.flat]), 2 * c.moe_inter, c.hidden))
+                self.t.param(w2, (len(owned[self.flat]), c.hidden, c.moe_inter))
             for j, experts in enumerate(owned):
-                layout = self.owner(par.ranks[j])
+                whole = self.t.layout((par.ranks[j],), (1,), Replicate())  # the expert's one owner
                 for k, e in enumerate(experts):
-                    self.expert(p, e, layout, layout, (("select", 0, k),), c.moe_inter, shapes)
+                    self.expert(p, e, whole, whole, Select(0, k), c.moe_inter)
             return
-        il = self.divided("moe_intermediate_size", c.moe_inter, len(par.ranks), "DP × TP")
-        self.param(w13, (c.experts, 2 * il, c.hidden))
-        self.param(w2, (c.experts, c.hidden, il))
+        il = self.t.divided("moe_intermediate_size", c.moe_inter, len(par.ranks), "DP × TP")
+        self.t.param(w13, (c.experts, 2 * il, c.hidden))
+        self.t.param(w2, (c.experts, c.hidden, il))
         rows, cols = self.flat_layout(Shard(0)), self.flat_layout(Shard(1))
         for e in range(c.experts):
-            self.expert(p, e, rows, cols, (("select", 0, e),), il, shapes)
+            self.expert(p, e, rows, cols, Select(0, e), il)
 
-    def expert(self, p: str, e: int, rows: Layout, cols: Layout, pick: Cut, il: int, shapes) -> None:
+    def expert(self, p: str, e: int, rows: Layout, cols: Layout, pick: Select, il: int) -> None:
         """Expert ``e``'s gate/up (``rows`` layout) and down (``cols``) from ``pick`` of w13/w2."""
         w13, w2, name = f"{p}.experts.w13_weight", f"{p}.experts.w2_weight", f"{p}.experts.{e}"
-        gate_shape, down_shape = shapes
-        self.add(f"{name}.gate_proj.weight", gate_shape, rows, w13, (*pick, ("narrow", 0, 0, il)))
-        self.add(f"{name}.up_proj.weight", gate_shape, rows, w13, (*pick, ("narrow", 0, il, il)))
-        self.add(f"{name}.down_proj.weight", down_shape, cols, w2, pick)
+        gate, down = (self.c.moe_inter, self.c.hidden), (self.c.hidden, self.c.moe_inter)
+        self.t.piece(f"{name}.gate_proj.weight", gate, rows, w13, (pick, Narrow(0, 0, il)))
+        self.t.piece(f"{name}.up_proj.weight", gate, rows, w13, (pick, Narrow(0, il, il)))
+        self.t.piece(f"{name}.down_proj.weight", down, cols, w2, (pick,))
 
 
-def _table(config: Any, parallel: VLLMParallel, rank: int | None) -> _Table:
+def _table(config: Any, parallel: VLLMParallel, rank: int | None) -> EngineTable:
     return _Builder(_Dims.of(config), parallel, rank).build()
 
 
@@ -397,12 +277,7 @@ def vllm_logical_specs(
         dtype = getattr(config, "dtype", None) or torch.bfloat16
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
-    table = _table(config, parallel, rank)
-    return [
-        TensorSpec(TensorMeta(p.name, p.shape, dtype), p.layout, None)
-        for p in table.pieces
-        if rank is None or p.cut is not None
-    ]
+    return _table(config, parallel, rank).specs(dtype)
 
 
 def vllm_param_shapes(config: Any, parallel: VLLMParallel, rank: int) -> dict[str, tuple[int, ...]]:
@@ -413,51 +288,8 @@ def vllm_param_shapes(config: Any, parallel: VLLMParallel, rank: int) -> dict[st
 def declare_vllm(model: Any, parallel: VLLMParallel) -> Any:
     """Declare ``model`` (an engine with vLLM's names and shapes and a ``config``) in format "vllm"
     laid out as ``parallel``; return it."""
-    setattr(model, PARALLEL_ATTR, parallel)
+    setattr(unwrap(model), PARALLEL_ATTR, parallel)
     return declare_format(model, "vllm")
-
-
-def parallel_from_vllm(model: Any = None) -> VLLMParallel:
-    """The parallel description of a model built inside a vLLM worker, from vLLM's process groups.
-
-    Assumes vLLM's rank grid (TP fastest, then pipeline, then DP) with pipeline size 1, and that
-    vLLM's ranks are this process group's ranks. MoE options are read from ``model``'s first
-    ``FusedMoE`` layer (``moe_parallel_config.use_ep``, ``expert_placement_strategy``).
-    """
-    ps = sys.modules.get("vllm.distributed.parallel_state")  # a vLLM worker imported it; never import it
-    try:
-        if ps is None:
-            raise RuntimeError("this process is no vLLM worker")
-        pp_size = ps.get_pp_group().world_size
-    except Exception as exc:  # not imported, or imported without initialised groups
-        raise FormatError(
-            f"format 'vllm': the model has no {PARALLEL_ATTR} attribute and vLLM's process groups are not "
-            f"available ({exc}); set it to a reshard_core.formats.vllm.VLLMParallel"
-        ) from exc
-    if pp_size > 1:
-        raise FormatError("format 'vllm': pipeline-parallel vLLM engines are not supported")
-    tp, dp = ps.get_tp_group(), ps.get_dp_group()
-    mine = tuple(int(r) for r in tp.ranks)
-    me = mine[tp.rank_in_group]
-    groups = tuple(tuple(r - me + int(peer) for r in mine) for peer in dp.ranks)
-    use_ep, placement = False, "linear"
-    for module in model.modules() if model is not None else ():
-        config = getattr(module, "moe_parallel_config", None)
-        if config is not None:
-            use_ep = bool(getattr(config, "use_ep", False))
-            placement = str(getattr(module, "expert_placement_strategy", "linear") or "linear")
-            break
-    return VLLMParallel(groups, use_ep, placement)
-
-
-def parallel_of(model: Any) -> VLLMParallel:
-    """``model``'s ``reshard_vllm_parallel``, else (a real vLLM model) the one vLLM's groups give."""
-    found = getattr(model, PARALLEL_ATTR, None)
-    if isinstance(found, VLLMParallel):
-        return found
-    if found is not None:
-        raise FormatError(f"format 'vllm': {PARALLEL_ATTR} is a {type(found).__name__}, not a VLLMParallel")
-    return parallel_from_vllm(model)
 
 
 class VLLMFormat(ModelFormat):
@@ -467,8 +299,7 @@ class VLLMFormat(ModelFormat):
     description = "vLLM/SGLang engines: fused qkv/gate_up/w13, padded vocab; layouts from config + parallel"
 
     def detect(self, model: Any) -> bool:
-        modules = {c.__module__ for c in type(model).__mro__}
-        return STANDIN_MODULE in modules or any(m.startswith("vllm.") for m in modules)
+        return any(c.__module__.startswith("vllm.") for c in type(model).__mro__)
 
     def logical_specs(self, model: Any, side: str, context: ExtractContext) -> FormatSpecs:
         """Views of this rank's parameters as logical tensors, and the vocab padding rows.
@@ -482,6 +313,7 @@ class VLLMFormat(ModelFormat):
             if len(model) != 1:
                 raise FormatError(f"format 'vllm': expected one model, got {len(model)} pipeline chunks")
             model = model[0]
+        model = unwrap(model)
         table = _table(getattr(model, "config", None), parallel_of(model), context.rank)
         params = {}
         for qualname, tensor, _ in iter_tensors(model):
@@ -491,15 +323,7 @@ class VLLMFormat(ModelFormat):
                 continue  # an attention layer's kv-cache scales (1.0 unless quantized): no weight
             name = strip_wrappers(qualname)
             params[name.replace(_ROUTED, ".experts.") if _ROUTED in name else name] = (qualname, tensor)
-        _check_params(table, params, context.rank)
-        out = FormatSpecs(unmapped=[q for n, (q, _) in params.items() if n not in table.params])
-        for piece in table.pieces:
-            if piece.cut is not None:
-                tensor = _apply(params[piece.param][1], piece.cut)
-                meta = TensorMeta(piece.name, piece.shape, tensor.dtype)
-                out.specs.append(TensorSpec(meta, piece.layout, tensor))
-        out.padding = [_apply(params[name][1], cut) for name, cut in table.padding]
-        return out
+        return table.resolve(params)
 
 
 def _is_runtime_scale(qualname: str) -> bool:
@@ -507,33 +331,3 @@ def _is_runtime_scale(qualname: str) -> bool:
     as parameters; they scale a quantized kv cache, are no checkpoint weights and never refit."""
     owner, _, last = qualname.rpartition(".")
     return owner.endswith(".attn") and last.startswith("_") and last.endswith("_scale")
-
-
-def _check_params(table: _Table, params: dict[str, tuple[str, torch.Tensor]], rank: int) -> None:
-    missing = [n for n in table.params if n not in params]
-    wrong = [
-        f"{n} {tuple(params[n][1].shape)}, expected {shape}"
-        for n, shape in table.params.items()
-        if n in params and tuple(params[n][1].shape) != shape
-    ]
-    problems = []
-    if missing:
-        problems.append(f"{_count(missing, 'parameter')} missing: {', '.join(missing)}")
-    if wrong:
-        problems.append(f"{_count(wrong, 'parameter')} with another local shape: {'; '.join(wrong)}")
-    if problems:
-        raise FormatError(
-            f"format 'vllm' on rank {rank}: the config and parallel description imply "
-            + " and ".join(problems)
-        )
-
-
-def _count(items: list, word: str) -> str:
-    return f"{len(items)} {word}{'s' if len(items) != 1 else ''}"
-
-
-def _apply(tensor: torch.Tensor, cut: Cut) -> torch.Tensor:
-    out = tensor.detach() if isinstance(tensor, torch.nn.Parameter) else tensor
-    for op, dim, *args in cut:
-        out = out.select(dim, *args) if op == "select" else out.narrow(dim, *args)
-    return out

@@ -8,8 +8,9 @@ on one rank, sized the way those layers size them (``VocabParallelEmbedding``/``
 ``reshard_core.formats.vllm``. A GPU test compares it with real vLLM where vLLM is installed.
 
 Every element starts as ``fill`` (NaN by default), padding rows too, so a test sees anything a
-refit left unwritten. The model carries ``config`` (the transformers config it was built from),
-``rank`` and ``reshard_vllm_parallel`` (its ``VLLMParallel``), which is all format "vllm" needs.
+refit left unwritten. The model carries ``config`` (the transformers config it was built from) and
+``rank``, and declares itself in format "vllm" with its ``VLLMParallel`` (``declare_vllm``), as any
+engine outside vLLM does: the format has no knowledge of this module.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..formats.vllm import PARALLEL_ATTR, VLLMParallel
+from ..formats import VLLMParallel, declare_vllm
 
 PAD_TO = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE
 
@@ -64,7 +65,6 @@ class VLLMStandInForCausalLM(nn.Module):
             rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         flat = parallel.ranks.index(rank)  # ValueError when the rank is not in the engine
         self.config, self.rank = config, rank
-        setattr(self, PARALLEL_ATTR, parallel)
         tp_size = parallel.tp_size
         moe_tp = len(parallel.ranks)  # FusedMoE's tp_size: DP × TP flattened
         kind = config.model_type
@@ -133,3 +133,4 @@ class VLLMStandInForCausalLM(nn.Module):
         self.model.norm = hold(weight=(hidden,))
         if not getattr(config, "tie_word_embeddings", False):
             self.lm_head = vocab()
+        declare_vllm(self, parallel)
