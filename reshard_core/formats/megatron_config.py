@@ -1,0 +1,142 @@
+"""What format "megatron" needs to know of a Megatron model, and the settings it refuses by name.
+
+``MegatronConfig.of`` reads a ``TransformerConfig`` (or anything with its field names) and refuses
+every weight-changing setting with no mapping (``_REFUSED``); ``check_model`` refuses the model-level
+ones outside the config. docs/formats-audit.md audits every setting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..errors import FormatError
+
+_REFUSED: tuple[tuple[str, object, str], ...] = (
+    (
+        "attention_output_gate",
+        True,
+        "linear_qkv puts each query group's gates after its query heads, where HF's q_proj "
+        "interleaves them per head",
+    ),
+    (
+        "multi_latent_attention",
+        True,
+        "its low-rank q/kv projections (linear_q_down_proj, ...) are not mapped",
+    ),
+    ("normalization", "LayerNorm", "the HF families mapped here use RMSNorm, which has no biases"),
+    ("softmax_type", "learnable", "its learned per-head softmax offsets are not mapped"),
+    ("softmax_type", "off-by-one", "the HF families mapped here use a plain softmax"),
+    ("experimental_attention_variant", "gated_delta_net", "its linear-attention layers are not mapped"),
+    ("experimental_attention_variant", "dsa", "its sparse-attention indexer is not mapped"),
+    ("heterogeneous_block_specs", True, "layers of different shapes or replaced blocks are not mapped"),
+    (
+        "layernorm_zero_centered_gamma",
+        True,
+        "its norm weights are stored as w - 1; when the other side stores them so too (Gemma, "
+        "Qwen3-Next) pass MegatronFormat(norms_as_stored=True)",
+    ),
+)
+"""``(TransformerConfig field, value, why)``: settings with no mapping, refused by name. The audit
+of every field is in docs/formats-audit.md."""
+
+
+def refused(field: str, value: object, why: str) -> FormatError:
+    """The error for a setting format 'megatron' does not map."""
+    return FormatError(f"{field}={value!r} is not supported by format 'megatron': {why}")
+
+
+@dataclass(frozen=True)
+class MegatronConfig:
+    """What the mapping needs to know of a Megatron model.
+
+    ``vocab_size``: the real (unpadded) vocab, or None to take the model's as real.
+    ``num_layers``: decoder layers (names multi-token-prediction layers ``N + k``; None: MTP unmapped).
+    ``rotary_interleaved``: q/k rows hold each head's rotary pairs side by side (regrouped into HF's
+    halves). ``shared_expert_gate``: shared experts are gated, as in Qwen2-MoE (named like it).
+    """
+
+    num_attention_heads: int
+    num_query_groups: int
+    kv_channels: int
+    gated_linear_unit: bool = True
+    share_embeddings_and_output_weights: bool = False
+    num_layers: int | None = None
+    vocab_size: int | None = None
+    rotary_interleaved: bool = False
+    shared_expert_gate: bool = False
+
+    @classmethod
+    def of(
+        cls,
+        config: Any,
+        *,
+        vocab_size: int | None = None,
+        tied: bool | None = None,
+        norms_as_stored: bool = False,
+    ) -> MegatronConfig:
+        """From a ``TransformerConfig`` (or anything with its field names, or a ``MegatronConfig``);
+        ``vocab_size`` and ``tied`` override. ``FormatError`` naming the field for a setting that is
+        not mapped (``_REFUSED``; ``norms_as_stored`` accepts zero-centered norm weights, moved as
+        stored) or for inconsistent heads."""
+        if isinstance(config, MegatronConfig):
+            base = config
+        else:
+            for field, value, why in _REFUSED:
+                if getattr(config, field, None) == value and not (
+                    norms_as_stored and field == "layernorm_zero_centered_gamma"
+                ):
+                    raise refused(field, value, why)
+            heads = int(config.num_attention_heads)
+            kv = getattr(config, "kv_channels", None) or int(config.hidden_size) // heads
+            layers = getattr(config, "num_layers", None)
+            base = cls(
+                num_attention_heads=heads,
+                num_query_groups=int(getattr(config, "num_query_groups", None) or heads),
+                kv_channels=int(kv),
+                gated_linear_unit=bool(getattr(config, "gated_linear_unit", False)),
+                share_embeddings_and_output_weights=bool(
+                    getattr(config, "share_embeddings_and_output_weights", False)
+                ),
+                num_layers=int(layers) if layers is not None else None,
+                rotary_interleaved=bool(getattr(config, "rotary_interleaved", False)),
+                shared_expert_gate=bool(getattr(config, "moe_shared_expert_gate", False)),
+            )
+        if vocab_size is not None:
+            base = replace(base, vocab_size=int(vocab_size))
+        if tied is not None:
+            base = replace(base, share_embeddings_and_output_weights=bool(tied))
+        if base.num_attention_heads % base.num_query_groups:
+            raise FormatError(
+                f"format 'megatron': num_attention_heads={base.num_attention_heads} is not a multiple "
+                f"of num_query_groups={base.num_query_groups}"
+            )
+        return base
+
+    @property
+    def qkv_block(self) -> int:
+        """Rows of one query group in ``linear_qkv``: ``(p + 2)·h``."""
+        return (self.num_attention_heads // self.num_query_groups + 2) * self.kv_channels
+
+
+def check_model(root: Any, config: Any) -> None:
+    """Refuse, by name, model settings outside ``TransformerConfig``'s weight fields that would make
+    the mapped model compute something else than the HF families it maps to (whole-head RoPE,
+    SwiGLU), or that add weights the mapping has no rule for."""
+    kind = getattr(root, "position_embedding_type", "rope")
+    if kind in ("learned_absolute", "none"):
+        why = (
+            "its learned position embeddings (embedding.position_embeddings.weight) are not mapped"
+            if kind == "learned_absolute"
+            else "the HF families mapped here apply RoPE"
+        )
+        raise refused("position_embedding_type", kind, why)
+    percent = getattr(root, "rotary_percent", 1.0)
+    if percent != 1.0:
+        raise refused("rotary_percent", percent, "the HF families mapped here rotate whole heads")
+    activation = getattr(config, "activation_func", None)
+    name = getattr(activation, "__name__", repr(activation))
+    if activation is not None and getattr(config, "gated_linear_unit", False) and name != "silu":
+        raise refused(
+            "activation_func", name, "the gated MLPs of the HF families mapped here use SiLU (SwiGLU)"
+        )
