@@ -12,15 +12,14 @@ tensors it holds: the logical layout derived from the physical one, and the loca
 - ``select``: one index of a stacked dim (an expert of ``[E, 2I, H]``); ranks not holding it get
   no spec.
 - ``regroup``: a dim made of blocks, of which each logical tensor takes the same stretch
-  (Megatron's group-major ``linear_qkv``); the local tensor is a ``SplitView`` when a rank holds
-  several blocks. A rank may instead hold part of one block (TP > query groups), and each stretch
-  may be heads of interleaved rotary pairs (``rotary_interleaved``), seen split into halves.
-- ``halves``: the same rotary-pair regrouping of an unsharded dim (a q/k norm weight).
+  (Megatron's group-major ``linear_qkv``, also with TP > query groups or rotary pairs).
+- ``halves``: rotary pairs regrouped into halves along an unsharded dim (a q/k norm weight).
 - ``unpad``: a padded dim whose first ``size`` indices are real (a vocab padded for TP); returns
   the local padding too, which a destination zero-fills once and a source never sends.
 
 A move that the physical layout does not allow (a split across an uneven shard, say) raises
-``FormatError`` naming the tensor.
+``FormatError`` naming the tensor. Engines whose parameters carry no layout at all are described
+with the cut language of ``cuts.py`` instead.
 """
 
 from __future__ import annotations
@@ -63,19 +62,18 @@ def split(spec: TensorSpec, dim: int, parts: Sequence[tuple[str, int]], rank: in
             f"the tensor has {spec.meta.shape[dim]}"
         )
     cutting = _cutting(spec.layout, dim)
+    placements = tuple(spec.layout.placements)
     if not cutting:
         local_sizes = sizes
-        placement_of = lambda p: p  # noqa: E731
     elif len(cutting) == 1:
         m, shard = cutting[0]
         width = spec.layout.mesh.shape[m]
         coord = spec.layout.mesh.coord_of(rank)
         local_sizes = _local_part_sizes(spec, shard, sizes, width, coord[m] if coord else 0)
-        placement_of = lambda p: Shard(dim) if p is shard else p  # noqa: E731
+        placements = tuple(Shard(dim) if p is shard else p for p in placements)
     else:
         raise FormatError(f"{spec.meta.name}: cannot split dim {dim}, {len(cutting)} mesh dims shard it")
     out, at = [], 0
-    placements = tuple(placement_of(p) for p in spec.layout.placements)
     for (name, size), local in zip(parts, local_sizes, strict=True):
         shape = tuple(size if d == dim else n for d, n in enumerate(spec.meta.shape))
         tensor = _local(spec, name).narrow(dim, at, local) if spec.tensor is not None else None
@@ -86,11 +84,10 @@ def split(spec: TensorSpec, dim: int, parts: Sequence[tuple[str, int]], rank: in
 
 
 def _local_part_sizes(spec: TensorSpec, shard: Shard, sizes: list[int], width: int, index: int) -> list[int]:
-    k = len(sizes)
     if shard.components and tuple(shard.components) == tuple(sizes):
         return [b - a for a, b in (chunk_bounds(n, width, index) for n in sizes)]
-    if shard.stride == k and len(set(sizes)) == 1 and sizes[0] % width == 0:
-        return [sizes[0] // width] * k
+    if shard.stride == len(sizes) and len(set(sizes)) == 1 and sizes[0] % width == 0:
+        return [sizes[0] // width] * len(sizes)
     raise FormatError(
         f"{spec.meta.name}: parts of sizes {tuple(sizes)} cannot be cut out of a {shard!r} "
         f"shard over {width} ranks"
@@ -111,10 +108,7 @@ def select(spec: TensorSpec, dim: int, index: int, name: str, rank: int) -> Tens
                 owner, position = tuple(coord[m] for m in cutting), pos + index - a
             pos += b - a
     kept = [m for m in range(len(layout.mesh.shape)) if m not in cutting]
-    ranks = []
-    for coord in layout.mesh.coords():
-        if tuple(coord[m] for m in cutting) == owner:
-            ranks.append(layout.mesh.rank_at(coord))
+    ranks = [layout.mesh.rank_at(c) for c in layout.mesh.coords() if tuple(c[m] for m in cutting) == owner]
     placements = tuple(
         replace(p, dim=p.dim - (p.dim > dim)) if isinstance(p, Shard) else p
         for m, p in enumerate(layout.placements)
