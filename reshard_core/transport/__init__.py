@@ -1,1 +1,36 @@
-"""Transports (CopyServices): the base contract and discovery by name."""
+"""Transports (CopyServices): the base contract, the point-to-point base and discovery by name.
+
+The names in ``__all__`` are what a transport plugin builds on (``docs/plugins.md``). They are imported
+on first use, so importing this package (as transport discovery does) imports neither torch nor a
+backend.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "CopyService": "copy_service",
+    "P2PCopyService": "p2p",
+    "QueuedOp": "p2p",
+    "Issued": "p2p",
+    "InFlight": "p2p",
+    "as_bytes": "p2p",
+    "remaining": "p2p",
+    "poll_until": "p2p",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -20,6 +20,9 @@ the peers fail at once instead of waiting out their own timeout; NCCL aborts the
 the group must be treated as broken. Buffers of a failed round stay referenced for the life of the
 process, because a backend may still write into them. A transport that ``reads_failure_board`` ends
 a round early, with ``PeerFailed``, when a peer published its own error during the refit.
+
+Public for transport plugins (``reshard_core.transport``): ``P2PCopyService`` and its subclass
+protocol, ``QueuedOp``, ``Issued``, ``InFlight``, ``as_bytes``, ``remaining``, ``poll_until``.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from ..refit_group import view_of
 from ..transfer_group import TransferGroup
 from .copy_service import CopyService
 
-_ABANDONED: list[Any] = []  # failed rounds: their buffers must outlive any late write by the backend
+_KEPT_ALIVE: list[Any] = []  # given-up rounds: their buffers must outlive any late write by the backend
 _MAX_LISTED = 8
 
 
@@ -91,6 +94,7 @@ def describe_failure(exc: BaseException, timeout: float | None) -> str:
 
 
 def list_ops(ops: list[QueuedOp]) -> str:
+    """The first ``_MAX_LISTED`` ops described, then how many more there are."""
     shown = ", ".join(op.describe() for op in ops[:_MAX_LISTED])
     return shown + (f" and {len(ops) - _MAX_LISTED} more" if len(ops) > _MAX_LISTED else "")
 
@@ -123,18 +127,23 @@ class InFlight:
         if self.done:
             return
         self.done = True
-        _ABANDONED.append(self)
-        if not self.service._closed:  # a transport that gave up already (NCCL abort) has no comm left
+        self.service.keep_alive(self)
+        if not self.service.closed:  # a transport that gave up already (NCCL abort) has no comm left
             self.service._give_up(self, -1)
 
 
 class P2PCopyService(CopyService):
     """Queue, issue and wait point-to-point ops; subclasses say how tensors reach the backend.
 
-    Subclass hooks: ``backend`` (the torch.distributed backend name), ``_check_tensor`` (device
-    rules), ``_issue`` (start the ops, return ``Issued`` records), ``_wait_issued`` (block with a time
-    limit), ``_finish`` (after every op completed, e.g. copy staged data back), ``_give_up`` (after a
-    failure, release the peers).
+    Subclass protocol (the underscore marks a hook the base calls, not a private one). Set
+    ``backend`` (the torch.distributed backend name) and ``reads_failure_board``; implement
+    ``_issue(ops)`` (start the ops, set each ``op.wire``, return ``Issued`` records) and
+    ``_wait_issued(issued, deadline)`` (block until done, raising once ``deadline`` passes); override
+    as needed ``_check_tensor(op, what)`` (device rules), ``_finish(ops)`` (after every op of a round
+    completed, e.g. copy staged data back), ``_give_up(flight, failed_index)`` (after a failure,
+    release the peers; best effort) and ``_resolve_group(group)`` (which communicator to issue on).
+    A subclass may use ``comm``, ``rank``, ``members``, ``view``, ``timeout``, ``peer_index()``,
+    ``closed``, ``owns_comm``, ``keep_alive()`` and ``retire()``.
     """
 
     backend: ClassVar[str] = ""
@@ -172,6 +181,26 @@ class P2PCopyService(CopyService):
     def peer_index(self, rank: int) -> int:
         """``rank``'s rank within ``self.comm`` (torch's ``group_dst`` / ``group_src``)."""
         return self._peer_index[rank]
+
+    @property
+    def closed(self) -> bool:
+        """True after ``close()`` or ``retire()``: no op may be submitted or run."""
+        return self._closed
+
+    @property
+    def owns_comm(self) -> bool:
+        """True when ``comm`` was built by this transport (and ``close()`` destroys it)."""
+        return self._owns_comm
+
+    @staticmethod
+    def keep_alive(obj: Any) -> None:
+        """Keep ``obj`` (a given-up round, or ops or requests a backend may still write into)
+        referenced for the life of the process, so no late write lands in freed memory."""
+        _KEPT_ALIVE.append(obj)
+
+    def retire(self) -> None:
+        """Forget ``comm`` without destroying it (a subclass aborted it) and refuse further use."""
+        self.comm, self._owns_comm, self._closed = None, False, True
 
     # -- submission -------------------------------------------------------------------------------
 
@@ -213,7 +242,7 @@ class P2PCopyService(CopyService):
         except TransportError:
             raise
         except Exception as exc:
-            _ABANDONED.append(ops)
+            self.keep_alive(ops)
             reason = describe_failure(exc, self.timeout)
             raise TransportError(f"{self.name}: could not start {list_ops(ops)}: {reason}") from exc
         return InFlight(self, ops, issued)
@@ -237,7 +266,7 @@ class P2PCopyService(CopyService):
             try:
                 failures.wait_for(wait_all, self.view, lambda: f"{self.name}: {list_ops(flight.ops)}")
             except failures.PeerFailed:
-                _ABANDONED.append(flight)  # the helper thread still waits on it, until its deadline
+                self.keep_alive(flight)  # the helper thread still waits on it, until its deadline
                 self._owns_comm = False  # closing would block on that wait: the comm is left to the process
                 raise
         self._finish(flight.ops)
@@ -246,7 +275,7 @@ class P2PCopyService(CopyService):
         failed = flight.issued[index]
         pending = [item for k, item in enumerate(flight.issued) if k != index and not _finished(item)]
         others = [op for item in pending for op in item.ops]
-        _ABANDONED.append(flight)
+        self.keep_alive(flight)
         try:
             self._give_up(flight, index)
         except Exception:  # giving up is best effort; the error below is what matters

@@ -17,15 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from reshard_core.transport.p2p import (
-    _ABANDONED,
-    InFlight,
-    Issued,
-    P2PCopyService,
-    QueuedOp,
-    as_bytes,
-    remaining,
-)
+from reshard_core.transport import InFlight, Issued, P2PCopyService, QueuedOp, as_bytes, remaining
 
 
 class GlooCopyService(P2PCopyService):
@@ -72,7 +64,7 @@ class GlooCopyService(P2PCopyService):
                     work = dist.irecv(op.wire, group=self.comm, group_src=peer)
                 issued.append(Issued(work, [op]))
         except Exception:
-            _ABANDONED.append(issued)  # requests already started may still touch their buffers
+            self.keep_alive(issued)  # requests already started may still touch their buffers
             raise
         return issued
 
@@ -90,7 +82,7 @@ class GlooCopyService(P2PCopyService):
                 d.error = exc
 
     def close(self) -> None:
-        if not self._closed:
+        if not self.closed:
             try:
                 self.flush()  # a peer may be waiting for them
             except Exception:  # best effort: closing must not fail

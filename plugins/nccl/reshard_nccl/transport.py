@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from reshard_core.errors import TransportError
-from reshard_core.transport.p2p import InFlight, Issued, P2PCopyService, QueuedOp, as_bytes, poll_until
+from reshard_core import TransportError
+from reshard_core.transport import InFlight, Issued, P2PCopyService, QueuedOp, as_bytes, poll_until
 
 from .streams import complete_on_side_stream, group_by_device, launch_on_side_stream, release_to_consumer
 
@@ -103,9 +103,9 @@ class NcclCopyService(P2PCopyService):
 
     def _give_up(self, flight: InFlight, failed_index: int) -> None:
         """Abort our own communicator (never None, never one we do not own), then refuse further use."""
-        if self._owns_comm and self.comm is not None:
+        if self.owns_comm and self.comm is not None:
             dist.distributed_c10d._abort_process_group(self.comm)
-        self.comm, self._owns_comm, self._closed = None, False, True
+        self.retire()
 
     def close(self) -> None:
         super().close()
