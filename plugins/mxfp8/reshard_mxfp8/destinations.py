@@ -162,8 +162,7 @@ def make_mxfp8(
         raise RuntimeError(f"MXFP8 destination form 'te' needs Transformer Engine: {reason}")
     patterns = (patterns,) if isinstance(patterns, str) else tuple(patterns)
     rules = tuple((p, mode) for p in patterns)
-    from reshard_core.extract import ExtractContext, iter_tensors
-    from reshard_core.extract.builtin import reshard_extract_tensor as builtin_extract
+    from reshard_core.extract import ExtractContext, builtin_extract, iter_tensors
 
     context = ExtractContext.create(group)
     made: dict[str, MXFP8Destination] = {}

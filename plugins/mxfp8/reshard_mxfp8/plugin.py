@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from reshard_core.hookspecs import hookimpl
+from reshard_core import hookimpl
 
 RESHARD_PLUGIN_API = 1
 
@@ -28,13 +28,12 @@ def reshard_extract_tensor(qualname, tensor, owner, model, side, context):
 
     Neither kind can exist before its module was imported, so a plain refit imports neither.
     """
-    from reshard_core.extract.dtensor import is_dtensor
+    from reshard_core.extract import is_dtensor
 
     destinations = sys.modules.get(f"{__package__}.destinations")
     dest = None if destinations is None else getattr(tensor, destinations.MARKER, None)
     if dest is not None:
-        from reshard_core.extract import ExtractError
-        from reshard_core.specs import TensorSpec
+        from reshard_core import ExtractError, TensorSpec
 
         if side != "dst":
             raise ExtractError(

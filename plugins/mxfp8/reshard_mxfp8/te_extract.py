@@ -96,7 +96,7 @@ def te_kind(local, name: str = "?") -> str | None:
 
 
 def _error(message: str):
-    from reshard_core.extract import ExtractError
+    from reshard_core import ExtractError
 
     return ExtractError(message)
 
@@ -189,9 +189,8 @@ class TESource:
 
 def extract_te_param(qualname: str, tensor, context) -> list | None:
     """Spec of a DTensor param whose local tensor is a TE MXFP8/Float8 tensor; None for anything else."""
-    from reshard_core.extract.context import strip_wrappers
-    from reshard_core.extract.dtensor import dtensor_shape_and_layout, is_dtensor
-    from reshard_core.specs import TensorMeta, TensorSpec
+    from reshard_core import TensorMeta, TensorSpec
+    from reshard_core.extract import dtensor_shape_and_layout, is_dtensor, strip_wrappers
 
     if not is_dtensor(tensor):
         return None

@@ -34,8 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 
-from reshard_core.plan.ops import TransferOp
-from reshard_core.transform import ReshardTransform
+from reshard_core import ReshardTransform, TransferOp
 
 from .destinations import MODES, MXFP8Destination
 from .format import quantize

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from reshard_core.errors import TransportError
+from reshard_core import TransportError
 
 from .schedule import RankSchedule, Share, StagingConfig, receiver_layout, sender_pieces
 

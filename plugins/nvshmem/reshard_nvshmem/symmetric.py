@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from reshard_core.errors import TransportError
+from reshard_core import TransportError
 
 from .exchange import broadcast_bytes
 from .schedule import StagingConfig

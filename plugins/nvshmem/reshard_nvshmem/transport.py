@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from reshard_core.errors import TransportError
-from reshard_core.transport.copy_service import CopyService
+from reshard_core import TransportError
+from reshard_core.transport import CopyService
 
 from .engine import enqueue, split_messages
 from .exchange import agree_run, group_rank

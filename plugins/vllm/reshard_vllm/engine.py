@@ -31,8 +31,8 @@ from vllm.distributed.weight_transfer.base import (
 )
 
 import reshard_core
-from reshard_core.errors import ReshardError
-from reshard_core.formats.vllm import declare_vllm
+from reshard_core import ReshardError
+from reshard_core.formats import declare_vllm
 
 from .layout import engine_parallel
 from .reload import InPlaceUpdate, LayerwiseUpdate
@@ -190,7 +190,7 @@ def _held_bytes(model: torch.nn.Module) -> int:
     """Bytes of this worker's checkpoint-layout parameters that a trainer supplies (vocab padding
     rows excluded): what a shard-to-shard refit must deliver here, no more."""
     from reshard_core.extract import ExtractContext
-    from reshard_core.formats.vllm import VLLMFormat
+    from reshard_core.formats import VLLMFormat
 
     specs = VLLMFormat().logical_specs(model, "dst", ExtractContext.create()).specs
     return sum(spec.tensor.numel() * spec.tensor.element_size() for spec in specs)

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from reshard_core.errors import FormatError
-from reshard_core.formats.vllm import VOCAB_PADDING, VLLMParallel, parallel_from_vllm
+from reshard_core import FormatError
+from reshard_core.formats import VOCAB_PADDING, VLLMParallel, parallel_from_vllm
 
 
 def engine_parallel(model: Any, rank: int) -> VLLMParallel:

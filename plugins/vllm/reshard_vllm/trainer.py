@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 from vllm.distributed.weight_transfer.base import TrainerInitInfo, TrainerWeightTransferEngine
 
 import reshard_core
-from reshard_core.errors import ReshardError
+from reshard_core import ReshardError
 
 from .verdict import Verdict, agree, failed, ok
 
