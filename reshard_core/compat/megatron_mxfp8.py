@@ -15,6 +15,10 @@ Layers concerned: modules under ``decoder.`` whose class name contains ``Linear`
 least 2 dims and a last dim divisible by 32 (the weights an MXFP8 set-up would convert). Destinations
 the caller installed with ``reshard_mxfp8.make_mxfp8`` (for kernels that read the buffers themselves)
 are kept and returned.
+
+This lives in the core, not in reshard-mxfp8: ``compat.megatron`` refuses such a config whether or not
+that plugin is installed. It imports nothing from the plugin; it reads an installed destination by the
+plugin's marker attribute name.
 """
 
 from __future__ import annotations
