@@ -63,9 +63,10 @@ _EXPORTS = {
     "refit": "api",
     "prepare": "api",
     "weight_version": "versions",
-    "Session": "api",
+    "RefitOptions": "options",
+    "Session": "session",
     "clear_caches": "api",
-    "RefitReport": "api",
+    "RefitReport": "report",
     "TransferGroup": "transfer_group",
 }
 

@@ -170,7 +170,7 @@ class TransferGroup:
         process groups and the store. Idempotent; the group cannot be used afterwards."""
         if self.closed:
             return
-        from .api import forget_group  # the refit caches hold sessions keyed by this group
+        from .session_cache import forget_group  # the refit caches hold sessions keyed by this group
 
         forget_group(self.key)
         self.closed = True

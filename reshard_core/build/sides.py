@@ -1,6 +1,6 @@
 """Whether a refit goes through the logical space, and each side's logical specs when it does.
 
-Every rank resolves the formats of the models it holds; one all-gather (``api._agree``) shares
+Every rank resolves the formats of the models it holds; one all-gather (``exchange.agree``) shares
 them as ``format_code``s, and ``agreed_formats`` turns those into the same ``FormatChoice`` on
 every rank: map both sides onto logical tensors exactly when each side has one format and the two
 differ. Models of one format, or without one, are refit by their own tensor names as before.

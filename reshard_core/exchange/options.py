@@ -3,7 +3,7 @@
 Ranks that plan with different ``ignore``, ``tied``, ``max_batch_bytes``, ``cast``, ``verify``,
 ``delta`` or transports build plans or executions that do not pair up: tensors cross-wire silently
 or a receiver aborts on a size mismatch. Each rank adds one CRC-32 per option to the agreement
-all-gather (``api._agree``); every rank compares them and raises the same ``ReshardError`` naming the
+all-gather (``exchange.agree``); every rank compares them and raises the same ``ReshardError`` naming the
 option and the groups of ranks that differ.
 """
 
@@ -11,32 +11,33 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from ..errors import ReshardError
 from ..plan.describe import format_ranks
 
+if TYPE_CHECKING:
+    from ..options import RefitOptions
+
 OPTION_NAMES = ("ignore", "tied", "max_batch_bytes", "transport", "cast", "verify", "delta")
 
 
-def option_digests(
-    ignore: Sequence[str],
-    tied: Mapping[str, str] | None,
-    max_batch_bytes: int | None,
-    transport: object,
-    cast: bool = False,
-    verify: bool = False,
-    delta: bool = False,
-) -> tuple[int, ...]:
+def option_digests(options: RefitOptions) -> tuple[int, ...]:
     """One non-negative int32 per option of ``OPTION_NAMES``, equal on two ranks iff the values are."""
-    name = transport if isinstance(transport, str) else getattr(transport, "name", type(transport).__name__)
+    o = options
+    transport = (
+        o.transport
+        if isinstance(o.transport, str)
+        else getattr(o.transport, "name", type(o.transport).__name__)
+    )
     values = (
-        "\n".join(sorted(set(ignore))),
-        "\n".join(f"{k}\t{v}" for k, v in sorted((tied or {}).items())),
-        repr(max_batch_bytes),
-        str(name),
-        repr(bool(cast)),
-        repr(bool(verify)),
-        repr(bool(delta)),
+        "\n".join(sorted(set(o.ignore))),
+        "\n".join(f"{k}\t{v}" for k, v in sorted((o.tied or {}).items())),
+        repr(o.max_batch_bytes),
+        str(transport),
+        repr(bool(o.cast)),
+        repr(bool(o.verify)),
+        repr(bool(o.delta)),
     )
     return tuple(zlib.crc32(v.encode()) & 0x7FFFFFFF for v in values)
 

@@ -1,22 +1,24 @@
 """Plan cache: repeated refits with unchanged layouts skip validation and planning.
 
 The key is a fingerprint of both sides of the layout table (names, shapes, dtypes, every layout's
-mesh ranks, mesh shape and placements) plus the rank, ``max_batch_bytes``, the ``ignore``/``tied``
-options and a caller-supplied ``group`` key (e.g. the process group's ranks and backend). Any change
-of shape, layout or group changes the key, so a stale plan is never reused.
+mesh ranks, mesh shape and placements) plus the rank, the ``PlanOptions`` and a caller-supplied
+``group`` key (e.g. the process group's ranks and backend). Any change of shape, layout, option or
+group changes the key, so a stale plan is never reused.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
+from typing import Any
 
 from ..layout import Layout
 from .ops import RankPlan
+from .options import PlanOptions
 from .rank import plan_rank
 from .table import LayoutTable
-from .validate import Tied, normalize_options
+from .validate import normalize_options
 
 MAX_ENTRIES = 64
 _cache: OrderedDict[tuple, RankPlan] = OrderedDict()
@@ -48,39 +50,36 @@ def table_fingerprint(table: LayoutTable) -> str:
     return found
 
 
-def plan_cache_key(
-    table: LayoutTable,
-    rank: int,
-    *,
-    max_batch_bytes: int | None = None,
-    ignore: Sequence[str] = (),
-    tied: Tied = None,
-    group: Hashable = None,
-    cast: bool = False,
-) -> tuple:
-    """The cache key of ``plan_rank(table, rank, ...)`` within process group ``group``."""
-    return (table_fingerprint(table), rank, max_batch_bytes, *normalize_options(ignore, tied), group, cast)
+def plan_cache_key(table: LayoutTable, rank: int, options: PlanOptions, group: Hashable = None) -> tuple:
+    """The cache key of ``plan_rank(table, rank, options)`` within process group ``group``."""
+    o = options
+    return (
+        table_fingerprint(table),
+        rank,
+        o.max_batch_bytes,
+        *normalize_options(o.ignore, o.tied),
+        group,
+        o.cast,
+    )
 
 
 def cached_plan_rank(
     table: LayoutTable,
     rank: int,
+    options: PlanOptions | None = None,
     *,
-    max_batch_bytes: int | None = None,
-    ignore: Sequence[str] = (),
-    tied: Tied = None,
     group: Hashable = None,
-    cast: bool = False,
+    **choices: Any,
 ) -> tuple[RankPlan, bool]:
-    """``(plan, hit)``: the cached plan for this key, or a fresh ``plan_rank`` stored under it."""
-    key = plan_cache_key(
-        table, rank, max_batch_bytes=max_batch_bytes, ignore=ignore, tied=tied, group=group, cast=cast
-    )
+    """``(plan, hit)``: the cached plan for this key, or a fresh ``plan_rank`` stored under it.
+    ``options`` and ``choices`` as for ``plan_rank``."""
+    o = PlanOptions.of(options, **choices)
+    key = plan_cache_key(table, rank, o, group)
     found = _cache.get(key)
     if found is not None:
         _cache.move_to_end(key)
         return found, True
-    plan = plan_rank(table, rank, max_batch_bytes=max_batch_bytes, ignore=ignore, tied=tied, cast=cast)
+    plan = plan_rank(table, rank, o)
     _cache[key] = plan
     while len(_cache) > MAX_ENTRIES:
         _cache.popitem(last=False)

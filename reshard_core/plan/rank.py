@@ -2,32 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from .batching import assign_batches
 from .context import PlanContext, context_for
 from .ops import RankPlan, TransferOp
+from .options import PlanOptions
 from .table import LayoutTable, TableEntry
-from .validate import Tied, validate_table
+from .validate import validate_table
 
 TensorPlanner = Callable[[TableEntry, int, PlanContext], list[TransferOp]]
 
 
 def tensor_planner() -> TensorPlanner:
     """The per-tensor planner: the ``reshard_plan_tensor`` hook (plugins first, the built-in box
-    planner as ``trylast`` fallback).
-
-    Seam: until ``reshard_core.plugins`` exists, this returns the box planner directly.
-    """
+    planner as ``trylast`` fallback)."""
+    from ..plugins import get_plugin_manager  # imported here: the planner itself needs no plugins
     from .boxes import plan_tensor
 
-    try:
-        from ..plugins import get_plugin_manager
-    except ModuleNotFoundError as err:
-        if err.name != f"{__package__.rsplit('.', 1)[0]}.plugins":
-            raise
-        return plan_tensor
     hook = get_plugin_manager().hook.reshard_plan_tensor
 
     def plan(entry: TableEntry, rank: int, context: PlanContext) -> list[TransferOp]:
@@ -40,23 +34,21 @@ def tensor_planner() -> TensorPlanner:
 def plan_rank(
     table: LayoutTable,
     rank: int,
+    options: PlanOptions | None = None,
     *,
-    max_batch_bytes: int | None = None,
-    ignore: Sequence[str] = (),
-    tied: Tied = None,
     planner: TensorPlanner | None = None,
-    cast: bool = False,
+    **choices: Any,
 ) -> RankPlan:
     """Validate ``table`` (raising ``PlanError`` before any data moves) and plan ``rank``.
 
-    No communication: every rank calling this on the same table derives matching sends and
-    receives, in the same order, in the same batches. ``ignore`` and ``tied`` are the explicit
-    opt-outs of ``validate_table``; ``max_batch_bytes`` bounds staging (see ``batching``); ``cast``
-    accepts dtype-only differences (the plan carries the destination dtype).
+    No communication: every rank calling this on the same table with the same ``options`` (any
+    ``PlanOptions``, a ``RefitOptions`` included; ``choices`` replace fields of it by name) derives
+    matching sends and receives, in the same order, in the same batches.
     """
-    effective = validate_table(table, ignore=ignore, tied=tied, cast=cast)
+    o = PlanOptions.of(options, **choices)
+    effective = validate_table(table, ignore=o.ignore, tied=o.tied, cast=o.cast)
     context = context_for(effective)
-    batches = assign_batches(effective, max_batch_bytes)
+    batches = assign_batches(effective, o.max_batch_bytes)
     plan_one = planner or tensor_planner()
     ops: list[TransferOp] = []
     tensors = {}

@@ -83,9 +83,10 @@ def _dtensor_cases(rank: int) -> dict:
 
 
 def _noncolocated_cases(rank: int) -> dict:
+    from reshard_bench.gpt import PRESETS
+    from reshard_bench.layouts import build_model, check_model
+
     import reshard_core
-    from reshard_core.bench.gpt import PRESETS
-    from reshard_core.bench.layouts import build_model, check_model
     from reshard_core.simulate.parallel import Parallel
 
     config = PRESETS["tiny"]
@@ -117,7 +118,7 @@ def _noncolocated_cases(rank: int) -> dict:
 def _cache_cases(rank: int) -> dict:
     """A replicated source, a destination declared Shard(0) over ranks 0-3; then re-declared."""
     import reshard_core
-    from reshard_core import api
+    from reshard_core import session_cache as api
 
     ranks = (0, 1, 2, 3)
     full = torch.arange(12 * 8, dtype=torch.float32).reshape(12, 8)

@@ -37,7 +37,8 @@ def _world(rank: int, world: int) -> dict:
     import reshard_gloo.transport as gloo
 
     import reshard_core
-    from reshard_core import api, declare_layout
+    from reshard_core import declare_layout
+    from reshard_core import session_cache as api
 
     src = dst = None
     if rank == 0:

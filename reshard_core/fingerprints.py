@@ -1,0 +1,117 @@
+"""What a prepared session depends on locally, and how to tell that it changed.
+
+A session fits its models while they are the very same objects (held by weak reference, so a new
+model that reuses a dead one's ``id`` never matches), hold the same submodules, and every tensor
+keeps its name, shape, dtype, stride, storage pointer and declared layout: its ``fingerprint``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+from .errors import ReshardError
+from .extract import iter_tensors
+
+Model = Any  # an nn.Module, a list of modules (virtual pipeline chunks), or None
+Watched = tuple[weakref.ref, str, str, tuple]  # (owner module, "_parameters"/"_buffers", key, fingerprint)
+
+PLAN_ATTRS = (
+    "_reshard_layout", "_reshard_name", "_reshard_shape",  # declare_layout
+    "tensor_model_parallel", "partition_dim", "partition_stride", "partition_sizes", "allreduce",  # Megatron
+)  # fmt: skip
+"""Tensor attributes the extractors read (besides a DTensor's placements): a change to any of them
+changes the plan. They live in the tensor's ``__dict__``."""
+
+
+def modules(model: Model) -> list[Any]:
+    """The objects a model argument consists of (the modules of a list of chunks)."""
+    if model is None:
+        return []
+    return list(model) if isinstance(model, (list, tuple)) else [model]
+
+
+def check_models(src: Model, dst: Model) -> None:
+    """``ReshardError`` unless each model is a module, a list of modules (pipeline chunks) or None."""
+    for word, model in (("source", src), ("destination", dst)):
+        for m in modules(model):
+            if not isinstance(m, torch.nn.Module):
+                raise ReshardError(
+                    f"the {word} model must be a torch.nn.Module, a list of them (pipeline chunks) or "
+                    f"None, not {type(m).__name__}"
+                )
+
+
+def model_signature(model: Model, word: str) -> tuple:
+    """Every tensor's name and ``fingerprint``. ``ReshardError`` for a lazy module's uninitialized
+    tensor (``word`` names the side)."""
+    out = []
+    for root in modules(model):
+        for name, t, _ in iter_tensors(root):
+            if isinstance(t, torch.nn.parameter.UninitializedTensorMixin):
+                raise ReshardError(
+                    f"the {word} model's tensor {name} is uninitialized (a lazy module's parameter): run "
+                    "a forward (or initialize it) before refitting"
+                )
+            out.append((name, fingerprint(t)))
+    return tuple(out)
+
+
+def fingerprint(tensor: torch.Tensor) -> tuple:
+    """A tensor's shape, dtype, stride, storage pointer and everything else the plan depends on: a
+    DTensor's placements and ``PLAN_ATTRS`` (``declare_layout`` layout/name/shape, Megatron's
+    partition attributes)."""
+    local = getattr(tensor, "_local_tensor", tensor)
+    placements = tensor.placements if local is not tensor else None
+    held = tensor.__dict__
+    attrs = tuple((a, _frozen(held[a])) for a in PLAN_ATTRS if a in held)
+    return (tuple(tensor.shape), tensor.dtype, tuple(local.stride()), local.data_ptr(), placements, attrs)
+
+
+def _frozen(value: object) -> object:
+    """``value`` as a fingerprint holds it: itself when it cannot change in place (None, numbers,
+    strings, tuples, frozen layouts and placements; compared with ``==``), else a ``repr`` snapshot
+    (a list of partition sizes). Cheaper than ``repr`` for all: ``Session.refit`` checks every
+    tensor before every execution."""
+    if value is None or isinstance(value, (bool, int, float, str, tuple, torch.Size)):
+        return value
+    params = getattr(type(value), "__dataclass_params__", None)
+    return value if params is not None and params.frozen else repr(value)
+
+
+def watch(model: Model) -> list[Watched]:
+    """Where each tensor of ``model`` sits (its owner, ``_parameters`` or ``_buffers``, the key), with
+    its ``fingerprint``: enough to re-check it without walking the module tree again."""
+    out = []
+    for root in modules(model):
+        for name, tensor, owner in iter_tensors(root):
+            key = name.rsplit(".", 1)[-1]
+            kind = "_parameters" if owner._parameters.get(key) is tensor else "_buffers"
+            out.append((weakref.ref(owner), kind, key, fingerprint(tensor)))
+    return out
+
+
+def children(module: torch.nn.Module | None) -> tuple | None:
+    """A module's children as weak references (None entries kept; None for a collected module)."""
+    if module is None:
+        return None
+    return tuple(c if c is None else weakref.ref(c) for c in module._modules.values())
+
+
+def changed(
+    refs: tuple[weakref.ref, ...], structure: list[tuple[weakref.ref, tuple]], watched: list[Watched]
+) -> str | None:
+    """Why models no longer match what was recorded of them (``refs``: the models; ``structure``:
+    each module with its ``children``; ``watched``: as ``watch``), or None when they do."""
+    if any(ref() is None for ref in refs):
+        return "a model it was prepared for was garbage collected"
+    for module, held in structure:
+        if children(module()) != held:
+            return "a submodule was replaced, added or removed"
+    for owner, kind, key, print_ in watched:
+        tensor = getattr(owner(), kind, {}).get(key)
+        if tensor is None or fingerprint(tensor) != print_:
+            return "a tensor was replaced, reshaped, moved or re-laid out"
+    return None

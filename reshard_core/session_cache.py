@@ -1,0 +1,139 @@
+"""The process-wide caches behind ``refit`` and ``prepare``: prepared sessions and the transports
+reshard made for them.
+
+A session is cached under its models' identities and every option (``session_key``) and dropped as
+soon as one of its models is garbage collected, when its transport fails, or when the group it was
+built over is closed. Transports made from a name are shared by the sessions of one group and
+timeout; one the caller passed in is never closed here.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import fingerprints
+from .errors import ReshardError
+from .refit_group import view_of
+from .transport.copy_service import CopyService
+from .transport.registry import get_transport
+
+if TYPE_CHECKING:
+    from .options import RefitOptions
+    from .session import Session
+
+
+@dataclass
+class _Cached:
+    """A prepared session and the finalizers that drop it when one of its models is collected."""
+
+    session: Session
+    finalizers: list[weakref.finalize]
+
+
+_sessions: dict[tuple, _Cached] = {}
+_transports: dict[tuple, CopyService] = {}
+_GROUP = 3  # where a session key holds its group's key (``forget_group``)
+
+
+def session_key(src: Any, dst: Any, options: RefitOptions) -> tuple:
+    """The cache key of a session: the models' identities plus every option, hashable."""
+    o = options
+    fmt = [f if f is None or isinstance(f, str) else id(f) for f in (o.src_format, o.dst_format)]
+    return (
+        tuple(id(m) for m in fingerprints.modules(src)),
+        tuple(id(m) for m in fingerprints.modules(dst)),
+        o.transport if isinstance(o.transport, str) else id(o.transport),
+        view_of(o.group).key,
+        tuple(id(x) for x in o.transforms()),
+        o.max_batch_bytes,
+        tuple(o.ignore),
+        tuple(sorted((o.tied or {}).items())),
+        o.timeout,
+        *fmt,
+        bool(o.cast),
+        bool(o.verify),
+        bool(o.delta),
+    )
+
+
+def cached(key: tuple) -> Session | None:
+    """The session cached under ``key``, if any (whether it still fits is the caller's to check)."""
+    found = _sessions.get(key)
+    return None if found is None else found.session
+
+
+def remember(key: tuple, src: Any, dst: Any, signature: tuple, session: Session) -> None:
+    """Cache ``session`` under ``key``, recording what it was built for; it is dropped as soon as
+    one of its models is collected."""
+    _drop(key)
+    models = fingerprints.modules(src) + fingerprints.modules(dst)
+    session.models = tuple(weakref.ref(m) for m in models)
+    session.destinations = tuple(weakref.ref(m) for m in fingerprints.modules(dst))
+    session.signature = signature
+    session.watched = fingerprints.watch(models)
+    session.structure = [
+        (weakref.ref(m), fingerprints.children(m)) for root in models for m in root.modules()
+    ]
+    finalizers = [weakref.finalize(m, _sessions.pop, key, None) for m in models]
+    _sessions[key] = _Cached(session, finalizers)
+
+
+def transport_for(transport: str | CopyService, group: Any, timeout: float | None) -> CopyService:
+    """``transport`` itself when it is a ``CopyService``; else the cached (or a new) instance of
+    the registered transport of that name for ``group`` and ``timeout``."""
+    if isinstance(transport, CopyService):
+        return transport
+    key = (transport, view_of(group).key, timeout)
+    service = _transports.get(key)
+    if service is None:
+        cls = get_transport(transport)
+        reason = cls.unavailable_reason()
+        if reason is not None:
+            raise ReshardError(f"transport '{transport}' is unavailable here: {reason}")
+        service = _transports[key] = cls(group, timeout=timeout)
+    return service
+
+
+def forget_transport(service: CopyService) -> None:
+    """Drop every cached session using ``service``; close it when it is one of ours, never one the
+    caller passed in."""
+    for key, entry in list(_sessions.items()):
+        if entry.session.transport is service:
+            _drop(key)
+    _close_transports(lambda key, held: held is service)
+
+
+def forget_group(key: Any) -> None:
+    """Drop the sessions and close the transports built over the group whose ``RefitGroup.key`` is
+    ``key`` (a ``TransferGroup`` being closed)."""
+    for session_key_ in [k for k in _sessions if k[_GROUP] == key]:
+        _drop(session_key_)
+    _close_transports(lambda transport_key, held: transport_key[1] == key)
+
+
+def clear() -> None:
+    """Forget every cached session and close every cached transport."""
+    for key in list(_sessions):
+        _drop(key)
+    services = list(_transports.values())
+    _transports.clear()
+    for service in services:
+        service.close()
+
+
+def _drop(key: tuple) -> None:
+    entry = _sessions.pop(key, None)
+    for finalizer in entry.finalizers if entry is not None else ():
+        finalizer.detach()
+
+
+def _close_transports(chosen) -> None:
+    for key, service in list(_transports.items()):
+        if chosen(key, service):
+            del _transports[key]
+            try:
+                service.close()
+            except Exception:  # best effort: the error that brought us here (or the closing group) matters
+                pass
