@@ -5,6 +5,11 @@
 their return values (rank order); ``run_jobs`` runs several such worlds at once, as separate jobs.
 A rank that raises makes ``run_world`` raise ``WorldError`` with every failing rank's traceback; a
 world that does not finish within ``timeout`` seconds is killed.
+
+A rank may report progress while it runs with ``emit(kind, data)``: ``run_world(...,
+on_event=...)`` hands each event to the parent's ``on_event(rank, kind, data)`` as it arrives, and
+a ``watchdog()`` asked between events can end the world with ``WorldStopped(reason)``. This is the
+one spawner of the project: tests, examples, ``reshard demo`` and ``reshard bench`` all use it.
 """
 
 from __future__ import annotations
@@ -13,15 +18,33 @@ import datetime
 import os
 import queue
 import socket
+import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch.multiprocessing as mp
 
+POLL_S = 0.2
+"""How often the parent looks at its ranks (and asks the watchdog) while no message arrives."""
+
+_channel: tuple[tuple[int, int], Any] | None = None
+"""In a spawned rank: its ``(job, rank)`` key and the queue to the parent (for ``emit``)."""
+
 
 class WorldError(RuntimeError):
-    """One or more ranks of a spawned world failed or timed out."""
+    """One or more ranks of a spawned world failed or timed out. ``failures``: for each rank that
+    failed or died (``"rank R"``, or ``"job J rank R"`` when there are several jobs), in rank order,
+    the first line of its error or ``"exited with code N"``."""
+
+    def __init__(self, message: str, failures: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.failures = failures or {}
+
+
+class WorldStopped(WorldError):
+    """The watchdog ended the world; the message is its reason."""
 
 
 def free_port() -> int:
@@ -31,12 +54,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(key, rank, world_size, port, pg_timeout, fn, args, results):
+def emit(kind: str, data: Any = None) -> None:
+    """From inside a spawned rank: send ``(kind, data)`` (small, picklable) to the parent now. The
+    parent's ``on_event`` receives it; without one, or outside a spawned world, it goes nowhere."""
+    if _channel is not None:
+        key, channel = _channel
+        channel.put((key, "event", (kind, data)))
+
+
+def _entry(key, rank, world_size, port, pg_timeout, fn, args, channel):
+    global _channel
     import torch
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     torch.set_num_threads(1)
+    _channel = (key, channel)
     try:
         dist.init_process_group(
             "gloo",
@@ -45,9 +78,9 @@ def _entry(key, rank, world_size, port, pg_timeout, fn, args, results):
             timeout=datetime.timedelta(seconds=pg_timeout),
         )
         value = fn(rank, world_size, *args)
-        results.put((key, True, value))
+        channel.put((key, "result", value))
     except BaseException as exc:  # report everything, including SystemExit from a test helper
-        results.put((key, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        channel.put((key, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -59,13 +92,24 @@ def run_world(
     *args: Any,
     timeout: float = 120.0,
     pg_timeout: float = 60.0,
+    on_event: Callable[[int, str, Any], None] | None = None,
+    watchdog: Callable[[], str | None] | None = None,
+    error_grace: float | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on every rank of a fresh Gloo world; return the results.
 
     ``fn`` and ``args`` must be picklable (module-level functions). Return values travel through a
-    multiprocessing queue, so keep them small (tensors are fine).
+    multiprocessing queue, so keep them small (tensors are fine). ``on_event(rank, kind, data)``
+    receives what ranks ``emit``; a ``watchdog()`` that returns a reason ends the world (every rank
+    killed) with ``WorldStopped(reason)``; ``error_grace``: seconds the other ranks get to report
+    after one failed or died before they are ended (None: they get until ``timeout``); ``env``:
+    extra environment variables for the ranks.
     """
-    return run_jobs((fn, world_size, args), timeout=timeout, pg_timeout=pg_timeout)[0]
+    return _run(
+        [(fn, world_size, args)], timeout=timeout, pg_timeout=pg_timeout, on_event=on_event,
+        watchdog=watchdog, error_grace=error_grace, env=env or {},
+    )[0]  # fmt: skip
 
 
 def run_jobs(
@@ -77,53 +121,120 @@ def run_jobs(
     Jobs meet only through what ``args`` tells them (e.g. a ``TransferGroup`` address). Failures are
     reported as by ``run_world``, ranks named ``job J rank R`` when there is more than one job.
     """
+    return _run(list(jobs), timeout=timeout, pg_timeout=pg_timeout, on_event=None, watchdog=None,
+                error_grace=None, env={})  # fmt: skip
+
+
+def _run(
+    jobs: list[tuple[Callable[..., Any], int, tuple]],
+    *,
+    timeout: float,
+    pg_timeout: float,
+    on_event: Callable[[int, str, Any], None] | None,
+    watchdog: Callable[[], str | None] | None,
+    error_grace: float | None,
+    env: Mapping[str, str],
+) -> list[list[Any]]:
     ctx = mp.get_context("spawn")
-    results = ctx.Queue()
+    channel = ctx.Queue()
     procs: dict[tuple[int, int], Any] = {}
     for j, (fn, world_size, args) in enumerate(jobs):
         port = free_port()
         for r in range(world_size):
             procs[(j, r)] = ctx.Process(
-                target=_entry, args=((j, r), r, world_size, port, pg_timeout, fn, tuple(args), results),
+                target=_entry, args=((j, r), r, world_size, port, pg_timeout, fn, tuple(args), channel),
                 daemon=True,
             )  # fmt: skip
-    for p in procs.values():
-        p.start()
+    with _environment(env):
+        for p in procs.values():
+            p.start()
     out: dict[tuple[int, int], Any] = {}
     failures: dict[tuple[int, int], str] = {}
-    deadline = datetime.datetime.now() + datetime.timedelta(seconds=timeout)
+    deadline = time.monotonic() + timeout
+    first_failure: float | None = None
+    stopped: str | None = None
+    cut_short = gone = False
     try:
         while len(out) + len(failures) < len(procs):
-            remaining = (deadline - datetime.datetime.now()).total_seconds()
-            if remaining <= 0:
+            if watchdog is not None and (stopped := watchdog()) is not None:
+                break
+            now = time.monotonic()
+            if now >= deadline:
+                break
+            if error_grace is not None and first_failure is not None and now - first_failure > error_grace:
+                cut_short = True
                 break
             try:
-                key, ok, value = results.get(timeout=min(remaining, 1.0))
+                key, kind, value = channel.get(timeout=min(deadline - now, POLL_S))
             except queue.Empty:
-                if all(not p.is_alive() for p in procs.values()):
-                    break  # every process is gone; nothing more can arrive
+                if not any(p.is_alive() for p in procs.values()):
+                    if gone:
+                        break  # every process is gone and the queue stayed empty: nothing more can arrive
+                    gone = True
+                elif first_failure is None and any(p.exitcode not in (None, 0) for p in procs.values()):
+                    first_failure = time.monotonic()
                 continue
-            (out if ok else failures)[key] = value
+            if kind == "event":
+                if on_event is not None:
+                    on_event(key[1], *value)
+            elif kind == "result":
+                out[key] = value
+            else:
+                failures[key] = value
+                first_failure = first_failure if first_failure is not None else time.monotonic()
     finally:
-        for p in procs.values():
-            p.join(timeout=5)
-        for p in procs.values():
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
-    name = (lambda k: f"job {k[0]} rank {k[1]}") if len(jobs) > 1 else (lambda k: f"rank {k[1]}")
+        exit_codes = {k: p.exitcode for k, p in procs.items()}  # read before _end kills the stuck ones
+        _end(list(procs.values()), quick=stopped is not None or cut_short)
+    if stopped is not None:
+        raise WorldStopped(stopped)
     missing = [k for k in procs if k not in out and k not in failures]
     if failures or missing:
-        lines = [f"{name(k)} failed:\n{failures[k]}" for k in sorted(failures)]
-        died = [k for k in missing if procs[k].exitcode not in (None, 0)]
-        if died:
-            who = [f"{name(k) if len(jobs) > 1 else k[1]} (exit code {procs[k].exitcode})" for k in died]
-            lines.append(("ranks " if len(jobs) == 1 else "") + ", ".join(who) + " died without reporting")
-        if len(died) < len(missing):
-            stuck = [k[1] if len(jobs) == 1 else name(k) for k in missing if k not in died]
-            lines.append(f"ranks {stuck} did not finish within {timeout:.0f} s")
-        raise WorldError("\n".join(lines))
+        raise _world_error(len(jobs), exit_codes, failures, missing, timeout)
     return [[out[(j, r)] for r in range(size)] for j, (_, size, _) in enumerate(jobs)]
+
+
+def _world_error(
+    njobs: int, exit_codes: dict[tuple[int, int], int | None], failures: dict[tuple[int, int], str],
+    missing: list[tuple[int, int]], timeout: float,
+) -> WorldError:  # fmt: skip
+    """Every failing rank's traceback, then the ranks that died silently and those still running."""
+    name = (lambda k: f"job {k[0]} rank {k[1]}") if njobs > 1 else (lambda k: f"rank {k[1]}")
+    lines = [f"{name(k)} failed:\n{failures[k]}" for k in sorted(failures)]
+    died = [k for k in missing if exit_codes[k] not in (None, 0)]
+    if died:
+        who = [f"{name(k) if njobs > 1 else k[1]} (exit code {exit_codes[k]})" for k in died]
+        lines.append(("ranks " if njobs == 1 else "") + ", ".join(who) + " died without reporting")
+    if len(died) < len(missing):
+        stuck = [k[1] if njobs == 1 else name(k) for k in missing if k not in died]
+        lines.append(f"ranks {stuck} did not finish within {timeout:.0f} s")
+    first_lines = {k: text.splitlines()[0] for k, text in failures.items()}
+    first_lines.update({k: f"exited with code {exit_codes[k]}" for k in died})
+    return WorldError("\n".join(lines), {name(k): first_lines[k] for k in sorted(first_lines)})
+
+
+@contextmanager
+def _environment(env: Mapping[str, str]) -> Iterator[None]:
+    """``env`` set in ``os.environ`` inside (spawned processes inherit it), restored after."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _end(procs: list[Any], quick: bool) -> None:
+    """Give every process a moment to exit (5 s, or 0.1 s when the world was cut short), then kill it."""
+    for p in procs:
+        p.join(timeout=0.1 if quick else 5)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=5)
 
 
 def outcome(fn: Callable[[], Any]) -> str:
