@@ -1,6 +1,7 @@
-"""The ``reshard`` command: builds the typer app from the core commands, optional command modules
-and plugins' ``reshard_register_commands`` hooks, and turns ``ReshardError`` and click's usage
-errors (an unknown option, a missing one, a value of the wrong type) into one line on stderr.
+"""The ``reshard`` command: builds the typer app from the core commands (``plugins``, ``doctor``,
+``plan``, ``formats``) and plugins' ``reshard_register_commands`` hooks (``demo`` and ``bench`` come
+from reshard-bench's), and turns ``ReshardError`` and click's usage errors (an unknown option, a
+missing one, a value of the wrong type) into one line on stderr.
 
 Exit codes: 0 ok, 1 failure, 2 usage error.
 """
@@ -13,17 +14,12 @@ import click
 import typer
 
 from ..errors import PluginError, ReshardError
-from ..plugins import get_plugin_manager, import_if_present, strict_mode
-from . import doctor_cmd, plugins_cmd
+from ..plugins import get_plugin_manager, strict_mode
+from . import doctor_cmd, formats_cmd, plan_cmd, plugins_cmd
 from .output import EXIT_FAILURE, EXIT_USAGE, print_error, print_warning
 
-OPTIONAL_COMMAND_MODULES = (
-    "reshard_core.cli.plan_cmd",
-    "reshard_core.cli.demo_cmd",
-    "reshard_core.cli.bench_cmd",
-    "reshard_core.cli.formats_cmd",
-)
-"""Command modules added as they are written; each exposes ``register(app: typer.Typer) -> None``."""
+CORE_COMMAND_MODULES = (plugins_cmd, doctor_cmd, plan_cmd, formats_cmd)
+"""The core's command modules, registered in this order; each has ``register(app: typer.Typer)``."""
 
 
 def register_plugin_commands(app: typer.Typer) -> None:
@@ -54,12 +50,8 @@ def build_app() -> typer.Typer:
         add_completion=False,
         pretty_exceptions_enable=False,
     )
-    plugins_cmd.register(app)
-    doctor_cmd.register(app)
-    for module_name in OPTIONAL_COMMAND_MODULES:
-        module = import_if_present(module_name)
-        if module is not None:
-            module.register(app)
+    for module in CORE_COMMAND_MODULES:
+        module.register(app)
     register_plugin_commands(app)
     return app
 

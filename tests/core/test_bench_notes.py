@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from reshard_core.bench.notes import megatron_skip_reason, spread_warnings
-from reshard_core.cli.bench_cmd import print_notes
+from reshard_bench.bench_cmd import print_notes
+from reshard_bench.notes import megatron_skip_reason, spread_warnings
 
 
 @pytest.mark.parametrize(

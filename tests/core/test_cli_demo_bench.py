@@ -6,9 +6,9 @@ import json
 import math
 
 import pytest
+from reshard_bench import bench_cmd, demo_cmd
+from reshard_bench.gpt import PRESETS, tp_placement
 
-from reshard_core.bench.gpt import PRESETS, tp_placement
-from reshard_core.cli import bench_cmd, demo_cmd
 from reshard_core.cli.main import main
 
 
@@ -91,8 +91,8 @@ def test_an_unknown_transport_is_a_usage_error(capsys):
 
 
 def test_a_verification_failure_exits_1_naming_what_differs(capsys, monkeypatch):
-    from reshard_core.bench.demo import DemoOptions, summarize
-    from reshard_core.cli import demo_cmd
+    from reshard_bench import demo_cmd
+    from reshard_bench.demo import DemoOptions, summarize
 
     def rank_result(r: int) -> dict:
         counts = {"bytes_sent": 8, "bytes_local": 2, "messages": 1, "batches": 1}

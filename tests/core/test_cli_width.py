@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from reshard_bench import bench_cmd, demo_cmd
 
-from reshard_core.cli import bench_cmd, demo_cmd
 from reshard_core.cli.main import main
 
 WIDTH = 80

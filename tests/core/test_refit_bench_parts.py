@@ -9,15 +9,15 @@ import time
 
 import pytest
 import torch
+from reshard_bench.floor import local_volume, pair_volumes
+from reshard_bench.gpt import GPT, PRESETS, GPTConfig, box_values, expected_local, tp_layout
+from reshard_bench.layouts import resolve_layout
+from reshard_bench.refit_bench import BenchOptions, BenchRun, parse_pair, report, run_bench
 
-from reshard_core.bench.floor import local_volume, pair_volumes
-from reshard_core.bench.gpt import GPT, PRESETS, GPTConfig, box_values, expected_local, tp_layout
-from reshard_core.bench.layouts import resolve_layout
-from reshard_core.bench.refit_bench import BenchOptions, BenchRun, parse_pair, report, run_bench
-from reshard_core.bench.spawn import WorldStopped
 from reshard_core.layout import Layout, Mesh, Shard
 from reshard_core.plan.ops import OpKind, RankPlan, TransferOp
 from reshard_core.specs import TensorMeta
+from reshard_core.testing.world import WorldStopped
 
 TINY = PRESETS["tiny"]
 

@@ -6,32 +6,33 @@ Exit codes: 0 measured and every result verified, 1 a rank failed or a result wa
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated, Any
 
 import typer
 from rich import box
-from rich.console import Console
 from rich.table import Table
 
-from ..errors import PluginError, ReshardError
-from .output import (
+from reshard_core import ReshardError
+from reshard_core.cli.output import (
     EXIT_FAILURE,
-    EXIT_USAGE,
     console,
     optional_bytes,
     print_error,
     print_json,
     print_warning,
-    require_transport,
 )
+
+from .commands import checked_options, world_status
 
 
 def bench_command(
     pair: Annotated[
         list[str] | None,
-        typer.Option("--pair", help="SRC->DST layouts, repeatable (default: tp=2->tp=4, tp=1->tp=4, "
-                     "tp=4->tp=2,pp=2, tp=2,pp=2->tp=1); dp fills the world."),
+        typer.Option(
+            "--pair",
+            help="SRC->DST layouts, repeatable (default: tp=2->tp=4, tp=1->tp=4, "
+            "tp=4->tp=2,pp=2, tp=2,pp=2->tp=1); dp fills the world.",
+        ),
     ] = None,  # fmt: skip
     model: Annotated[str, typer.Option(help="auto, gpt (pure torch) or megatron-gpt.")] = "auto",
     size: Annotated[str, typer.Option(help="Model size: tiny, small or bench (0.38 GB in bf16).")] = "bench",
@@ -50,19 +51,18 @@ def bench_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
 ) -> None:
     """Benchmark warm refits: median seconds, the wire floor and the ratio, Megatron-Core's refit."""
-    from ..bench.refit_bench import DEFAULT_PAIRS, BenchOptions, check_options
+    from .refit_bench import DEFAULT_PAIRS, BenchOptions, check_options
 
-    try:
+    def build() -> BenchOptions:
         opts = BenchOptions(
             model=model, size=size, pairs=tuple(pair or DEFAULT_PAIRS), world=world_size, reps=reps,
             warmup=warmup, transport=transport, max_batch_bytes=optional_bytes(max_batch_bytes),
             megatron=megatron, megatron_deadline=megatron_deadline, dtype=dtype,
         )  # fmt: skip
         check_options(opts)
-        require_transport(transport)
-    except (ValueError, PluginError) as exc:
-        print_error(exc)
-        raise typer.Exit(EXIT_USAGE) from None
+        return opts
+
+    opts = checked_options(build, transport)
     report = _run(opts)
     print_notes(report)
     if as_json:
@@ -75,8 +75,6 @@ def bench_command(
         raise typer.Exit(EXIT_FAILURE)
 
 
-
-
 def print_notes(report: dict[str, Any]) -> None:
     """On stderr: why Megatron-Core was not compared, and each measurement whose repetitions disagree."""
     if report.get("megatron_skipped"):
@@ -86,17 +84,10 @@ def print_notes(report: dict[str, Any]) -> None:
 
 
 def _run(opts: Any) -> dict[str, Any]:
-    from ..bench.refit_bench import run_bench
-    from ..bench.spawn import WorldError
+    from .refit_bench import run_bench
 
-    err = Console(file=sys.stderr)
-    with err.status(f"spawning {opts.world} processes", spinner="dots") as status:
-        try:
-            return run_bench(opts, on_phase=lambda p: status.update(f"{p[0]}: {p[1]}"))
-        except WorldError as exc:
-            first = next(iter(exc.failures.values()), str(exc).splitlines()[0])
-            print_error(ReshardError(f"the benchmark world failed: {first}"))
-            raise typer.Exit(EXIT_FAILURE) from None
+    with world_status("benchmark", f"spawning {opts.world} processes") as status:
+        return run_bench(opts, on_phase=lambda p: status.update(f"{p[0]}: {p[1]}"))
 
 
 def _seconds(x: float | None) -> str:

@@ -1,6 +1,6 @@
 """The demo's work on every rank: build a GPT in two layouts, refit, verify every element.
 
-``demo_rank`` runs inside a world from ``spawn.spawn_world``; ``summarize`` folds the per-rank
+``demo_rank`` runs inside a world from ``worlds.spawn_world``; ``summarize`` folds the per-rank
 results into the report ``reshard demo`` prints. The destination starts from other values (another
 seed), so a weight the refit missed shows; the source is checked too.
 """
@@ -12,10 +12,11 @@ from typing import Any
 
 import torch
 
+from reshard_core.testing.world import emit
+
 from .gpt import GPT, PRESETS, GPTConfig
 from .layouts import resolve_layout
 from .pairs import build_pair
-from .spawn import Events
 from .timing import timed
 
 SEED = 1234
@@ -60,19 +61,20 @@ def _config(opts: DemoOptions) -> GPTConfig:
     return PRESETS["tiny" if opts.model == "megatron-gpt" else opts.model]
 
 
-def demo_rank(rank: int, world: int, events: Events, opts: DemoOptions) -> dict[str, Any]:
-    """Build, refit twice (cold, then warm with the plan reused), verify; return this rank's facts."""
+def demo_rank(rank: int, world: int, opts: DemoOptions) -> dict[str, Any]:
+    """Build, refit twice (cold, then warm with the plan reused), verify; return this rank's facts.
+    Emits each phase as it starts."""
     import reshard_core
 
-    events.emit("phase", "building")
+    emit("phase", "building")
     kind = "megatron-gpt" if opts.model == "megatron-gpt" else "gpt"
     src, dst = resolve_layout(opts.src, world), resolve_layout(opts.dst, world)
     pair = build_pair(kind, _config(opts), src, dst, DTYPES[opts.dtype], seed=SEED)
-    events.emit("phase", "refitting")
+    emit("phase", "refitting")
     kwargs = dict(transport=opts.transport, max_batch_bytes=opts.max_batch_bytes, timeout=opts.timeout)
     cold, cold_s = timed(lambda: reshard_core.refit(pair.src, pair.dst, **kwargs))
     warm, warm_s = timed(lambda: reshard_core.refit(pair.src, pair.dst, **kwargs))
-    events.emit("phase", "verifying")
+    emit("phase", "verifying")
     problems = pair.check()
     return {
         "rank": rank, "styles": pair.styles, "elements": pair.dst_elements, "problems": problems,
@@ -119,4 +121,3 @@ def default_layouts(world: int, model: str = "small") -> tuple[str, str]:
     if model == "megatron-gpt":
         return ("tp=2,pp=2" if world % 4 == 0 else "tp=1"), dst
     return f"fsdp={world}", dst
-

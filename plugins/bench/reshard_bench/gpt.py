@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..layout import Layout, Mesh, Shard
+from reshard_core import Layout, Mesh, Shard
 
 _PHI = 0.6180339887498949
 _RHO = 0.7548776662466927
@@ -113,7 +113,11 @@ def salt(name: str) -> float:
 
 
 def box_values(
-    name: str, shape: tuple[int, ...], offsets: tuple[int, ...], sizes: tuple[int, ...], seed: int,
+    name: str,
+    shape: tuple[int, ...],
+    offsets: tuple[int, ...],
+    sizes: tuple[int, ...],
+    seed: int,
     dtype: torch.dtype,
 ) -> torch.Tensor:
     """Values of the region ``offsets``/``sizes`` of weight ``name`` (global ``shape``)."""
@@ -138,8 +142,9 @@ def fill_local(
             )
 
 
-def expected_local(name: str, shape: tuple[int, ...], layout: Layout, rank: int, seed: int,
-                   dtype: torch.dtype) -> torch.Tensor:
+def expected_local(
+    name: str, shape: tuple[int, ...], layout: Layout, rank: int, seed: int, dtype: torch.dtype
+) -> torch.Tensor:
     """The local tensor ``rank`` holds of ``name`` under ``layout`` when built from ``seed``."""
     out = torch.empty(layout.local_shape(shape, rank), dtype=dtype)
     fill_local(out, name, shape, layout, rank, seed)
@@ -209,8 +214,12 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig, *, tp: int = 1, layers: range | None = None) -> None:
         super().__init__()
         layers = range(config.num_layers) if layers is None else layers
-        for size, what in ((config.vocab_size, "vocab_size"), (config.qkv_size, "qkv rows"),
-                           (config.hidden_size, "hidden_size"), (config.ffn_hidden_size, "ffn_hidden_size")):
+        for size, what in (
+            (config.vocab_size, "vocab_size"),
+            (config.qkv_size, "qkv rows"),
+            (config.hidden_size, "hidden_size"),
+            (config.ffn_hidden_size, "ffn_hidden_size"),
+        ):
             if size % tp:
                 raise ValueError(f"{what} {size} does not divide by tp={tp}")
         self.config = config

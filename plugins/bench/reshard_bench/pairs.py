@@ -15,7 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..simulate.parallel import Parallel
+from reshard_core.simulate import Parallel
+
 from .gpt import GPTConfig
 from .layouts import build_model, check_model
 
@@ -57,8 +58,8 @@ _references: dict[tuple, dict[str, torch.Tensor]] = {}
 
 
 def _megatron_pair(config: GPTConfig, src: Parallel, dst: Parallel, dtype: torch.dtype, seed: int) -> Pair:
-    from ..extract import extract_specs
-    from ..testing.models import build_gpt, build_pg_collection, init_megatron
+    from reshard_core import extract_specs
+    from reshard_core.testing.models import build_gpt, build_pg_collection, init_megatron
 
     for par in (src, dst):
         if par.fsdp > 1 or par.ep > 1 or par.cp > 1:

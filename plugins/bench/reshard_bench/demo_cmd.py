@@ -6,24 +6,16 @@ Exit codes: 0 verified, 1 verification failed or a rank failed, 2 bad arguments.
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated, Any
 
 import typer
 from rich import box
-from rich.console import Console
 from rich.table import Table
 
-from ..errors import PluginError, ReshardError
-from .output import (
-    EXIT_FAILURE,
-    EXIT_USAGE,
-    console,
-    optional_bytes,
-    print_error,
-    print_json,
-    require_transport,
-)
+from reshard_core import ReshardError
+from reshard_core.cli.output import EXIT_FAILURE, console, optional_bytes, print_error, print_json
+
+from .commands import checked_options, world_status
 
 PHASES = ("spawning", "building", "refitting", "verifying")
 _PHASE_TEXT = {
@@ -38,8 +30,10 @@ def demo_command(
     world_size: Annotated[int, typer.Option("--world-size", "-n", help="Processes in the local world.")] = 4,
     src: Annotated[
         str | None,
-        typer.Option(help="Training layout, e.g. fsdp=4 or tp=2,pp=2 (default: fsdp=<world>, "
-                     "or tp=2,pp=2 for megatron-gpt)."),
+        typer.Option(
+            help="Training layout, e.g. fsdp=4 or tp=2,pp=2 (default: fsdp=<world>, "
+            "or tp=2,pp=2 for megatron-gpt)."
+        ),
     ] = None,
     dst: Annotated[
         str | None, typer.Option(help="Inference layout, e.g. tp=4 or tp=2,dp=2 (default: tp=2).")
@@ -52,9 +46,9 @@ def demo_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
 ) -> None:
     """Refit a GPT between two layouts in a local Gloo world and verify every element."""
-    from ..bench.demo import DemoOptions, check_options, default_layouts
+    from .demo import DemoOptions, check_options, default_layouts
 
-    try:
+    def build() -> DemoOptions:
         if model == "megatron-gpt":
             _need_megatron()
         defaults = default_layouts(world_size, model)
@@ -64,10 +58,9 @@ def demo_command(
             timeout=min(60.0, timeout),
         )  # fmt: skip
         check_options(opts)
-        require_transport(transport)
-    except (ValueError, PluginError) as exc:
-        print_error(exc)
-        raise typer.Exit(EXIT_USAGE) from None
+        return opts
+
+    opts = checked_options(build, transport)
     report = _run(opts, timeout)
     if as_json:
         print_json(report)
@@ -80,10 +73,8 @@ def demo_command(
         raise typer.Exit(EXIT_FAILURE)
 
 
-
-
 def _need_megatron() -> None:
-    from ..bench.pairs import megatron_available
+    from .pairs import megatron_available
 
     if not megatron_available():
         raise ValueError("--model megatron-gpt needs megatron-core: pip install megatron-core==0.16.1 einops")
@@ -91,25 +82,19 @@ def _need_megatron() -> None:
 
 def _run(opts: Any, timeout: float) -> dict[str, Any]:
     """Spawn the world with a spinner on stderr that follows the slowest rank's phase."""
-    from ..bench.demo import demo_rank, summarize
-    from ..bench.spawn import WorldError, spawn_world
+    from .demo import demo_rank, summarize
+    from .worlds import spawn_world
 
-    err = Console(file=sys.stderr)
     phase = {r: 0 for r in range(opts.world)}
-    with err.status(_PHASE_TEXT["spawning"].format(world=opts.world), spinner="dots") as status:
+    with world_status("demo", _PHASE_TEXT["spawning"].format(world=opts.world)) as status:
 
         def on_event(rank: int, kind: str, data: Any) -> None:
             if kind == "phase":
                 phase[rank] = PHASES.index(data)
                 status.update(_PHASE_TEXT[PHASES[min(phase.values())]].format(world=opts.world))
 
-        try:
-            results = spawn_world(demo_rank, opts.world, opts, on_event=on_event, timeout=timeout,
-                                  pg_timeout=max(opts.timeout * 2, 60.0))  # fmt: skip
-        except WorldError as exc:
-            first = next(iter(exc.failures.values()), str(exc).splitlines()[0])
-            print_error(ReshardError(f"the demo world failed: {first}"))
-            raise typer.Exit(EXIT_FAILURE) from None
+        results = spawn_world(demo_rank, opts.world, opts, on_event=on_event, timeout=timeout,
+                              pg_timeout=max(opts.timeout * 2, 60.0))  # fmt: skip
     return summarize(opts, results)
 
 

@@ -9,7 +9,7 @@ way (and once more with the plan's local-copy volume copied while it is on the w
 after every refit so the three share the machine's drift; then, for
 Megatron GPTModels with megatron-core installed, zero the destination and time
 ``swap_model_weights(..., "gloo")`` the same way and check its result too. Ranks report through
-events as they go, so a Megatron case that outlives ``megatron_deadline`` seconds ends the world
+``emit`` as they go, so a Megatron case that outlives ``megatron_deadline`` seconds ends the world
 (reported as not finished) and a fresh world takes the remaining pairs.
 """
 
@@ -24,12 +24,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from reshard_core.testing.world import WorldStopped, emit
+
 from .floor import WireFloor, local_volume, pair_volumes
 from .gpt import PRESETS
 from .layouts import resolve_layout
 from .pairs import build_pair, megatron_available
-from .spawn import Events, WorldStopped, spawn_world
 from .timing import median, timed
+from .worlds import spawn_world
 
 SEED = 4321
 DEFAULT_PAIRS = ("tp=2->tp=4", "tp=1->tp=4", "tp=4->tp=2,pp=2", "tp=2,pp=2->tp=1")
@@ -100,22 +102,22 @@ def check_options(opts: BenchOptions) -> None:
 # ---------------------------------------------------------------- on every rank
 
 
-def bench_rank(rank: int, world: int, events: Events, opts: BenchOptions, pairs: list[str]) -> None:
-    """Measure ``pairs`` in order; rank 0 reports each result through ``events`` as it is known."""
+def bench_rank(rank: int, world: int, opts: BenchOptions, pairs: list[str]) -> None:
+    """Measure ``pairs`` in order; rank 0 reports each result (``emit``) as it is known."""
     for pair in pairs:
         src_text, dst_text = parse_pair(pair)
-        events.emit("phase", (pair, "building"))
+        emit("phase", (pair, "building"))
         models = build_pair(opts.resolved_model, PRESETS[opts.size], resolve_layout(src_text, world),
                             resolve_layout(dst_text, world), DTYPES[opts.dtype], seed=SEED)  # fmt: skip
-        events.emit("phase", (pair, "refits and wire floor"))
+        emit("phase", (pair, "refits and wire floor"))
         result = _ours(models, opts)
         if rank == 0:
-            events.emit("ours", (pair, result))
+            emit("ours", (pair, result))
         if opts.compare_megatron:
-            events.emit("megatron-start", pair)
+            emit("megatron-start", pair)
             megatron = _megatron(models, opts)
             if rank == 0:
-                events.emit("megatron", (pair, megatron))
+                emit("megatron", (pair, megatron))
         del models
         gc.collect()
 

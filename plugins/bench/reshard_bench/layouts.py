@@ -28,9 +28,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..extract.plain import declare_layout
-from ..layout import Layout
-from ..simulate.parallel import Parallel, parse_parallel
+from reshard_core import Layout, declare_layout, parse_parallel
+from reshard_core.simulate import Parallel
+
 from .gpt import GPT, GPTConfig, box_values, expected_local, fill_local, tp_layout, tp_placement
 
 STYLES = ("fsdp2", "megatron-style", "declared")

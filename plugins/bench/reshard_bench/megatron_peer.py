@@ -22,10 +22,10 @@ class StandInStream:
     """Accepts what Megatron's Gloo service asks of a CUDA stream and does nothing."""
 
     def wait_stream(self, other: Any) -> None:
-        pass
+        """Nothing to order: on CPU every copy has finished when its call returns."""
 
     def synchronize(self) -> None:
-        pass
+        """Nothing to wait for (as above)."""
 
 
 @contextmanager
