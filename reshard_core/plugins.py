@@ -24,143 +24,32 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import importlib.metadata as metadata
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import ModuleType
-from typing import Any, Literal
 
 import pluggy
 
 from . import PLUGIN_API_VERSION, __version__, hookspecs
 from .errors import PluginError
+from .plugin_status import (
+    DISABLE_ENV,
+    UNCHECKED_REASON,
+    EntryPointClaim,
+    PluginRecord,
+    checked,
+    conflict_reason,
+    disabled_names,
+    entry_point_claims,
+    error_text,
+    hook_names,
+    raise_if_strict,
+    unknown_hooks,
+)
 
 HOOK_GROUP = "reshard"
 TRANSPORT_GROUP = "reshard.transports"
 BUILTIN_HOOK_MODULES = ("reshard_core.builtin_hooks",)
-STRICT_ENV = "RESHARD_STRICT_PLUGINS"
-DISABLE_ENV = "RESHARD_DISABLE_PLUGINS"
-
-Status = Literal["available", "unavailable", "unchecked", "error", "incompatible", "disabled"]
-FAILED_STATUSES = frozenset({"error", "incompatible"})
-UNCHECKED_REASON = "not probed; --check loads its transports and asks"
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"", "0", "false", "no", "off"}
-
-
-@dataclass(frozen=True)
-class PluginRecord:
-    """What is known about one plugin.
-
-    ``distribution``/``version`` are None for a plugin registered in-process. ``transports`` are
-    the ``reshard.transports`` names of the same distribution; ``hooks`` the hook names it
-    implements. ``reason`` explains any status other than ``available``; ``unchecked`` means it
-    loaded but whether it can run here was not asked (a listing without the check).
-    """
-
-    name: str
-    distribution: str | None
-    version: str | None
-    transports: tuple[str, ...] = ()
-    hooks: tuple[str, ...] = ()
-    status: Status = "available"
-    reason: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready dict (lists instead of tuples)."""
-        out = dataclasses.asdict(self)
-        out["transports"] = list(self.transports)
-        out["hooks"] = list(self.hooks)
-        return out
-
-    def sort_key(self) -> tuple[str, str]:
-        return (self.name, self.distribution or "")
-
-
-@dataclass(frozen=True)
-class EntryPointClaim:
-    """One distribution's entry point for a name in a group."""
-
-    entry_point: metadata.EntryPoint
-    distribution: str
-    version: str
-
-    def label(self) -> str:
-        return f"{self.distribution} {self.version}"
-
-
-def entry_point_claims(group: str) -> dict[str, list[EntryPointClaim]]:
-    """Entry points of ``group`` by name, each name with the distributions that claim it.
-
-    Read fresh from ``importlib.metadata`` (so a change of ``sys.path`` is seen). A name with more
-    than one claim is claimed by several distributions, which is an error for whoever uses it.
-    """
-    claims: dict[str, dict[str, EntryPointClaim]] = {}
-    for ep in metadata.entry_points(group=group):
-        dist = ep.dist
-        dist_name = dist.name if dist is not None else "(unknown distribution)"
-        version = dist.version if dist is not None else "?"
-        claims.setdefault(ep.name, {}).setdefault(dist_name, EntryPointClaim(ep, dist_name, version))
-    return {name: sorted(by_dist.values(), key=EntryPointClaim.label) for name, by_dist in claims.items()}
-
-
-def conflict_reason(kind: str, name: str, claims: list[EntryPointClaim]) -> str:
-    """The one-line reason for a name claimed by several distributions."""
-    who = ", ".join(c.label() for c in claims)
-    return f"{kind} name '{name}' is claimed by more than one distribution: {who}; uninstall all but one"
-
-
-def strict_mode() -> bool:
-    """True when ``RESHARD_STRICT_PLUGINS`` asks for load failures to raise."""
-    raw = os.environ.get(STRICT_ENV, "").strip().lower()
-    if raw in _TRUE:
-        return True
-    if raw in _FALSE:
-        return False
-    raise PluginError(f"{STRICT_ENV} must be 0 or 1, got {os.environ[STRICT_ENV]!r}")
-
-
-def disabled_names() -> frozenset[str]:
-    """Plugin and transport names listed in ``RESHARD_DISABLE_PLUGINS`` (comma separated)."""
-    raw = os.environ.get(DISABLE_ENV, "")
-    return frozenset(part.strip() for part in raw.split(",") if part.strip())
-
-
-def import_if_present(module: str) -> ModuleType | None:
-    """Import ``module``; None if that module (or a parent package of it) does not exist.
-
-    An import error raised from inside an existing module is a real error and propagates.
-    """
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and (module == exc.name or module.startswith(exc.name + ".")):
-            return None
-        raise
-
-
-def hook_names(pm: pluggy.PluginManager, plugin: object) -> tuple[str, ...]:
-    """Sorted names of the ``@hookimpl``-marked functions of ``plugin``."""
-    return tuple(sorted(attr for attr in dir(plugin) if pm.parse_hookimpl_opts(plugin, attr) is not None))
-
-
-def _unknown_hooks(pm: pluggy.PluginManager, plugin: object, hooks: tuple[str, ...]) -> list[str]:
-    """Hook names with no hookspec (a typo would otherwise never be called), unless marked optional."""
-    unknown = []
-    for hook in hooks:
-        opts = pm.parse_hookimpl_opts(plugin, hook) or {}
-        caller = getattr(pm.hook, hook, None)
-        if (caller is None or not caller.has_spec()) and not opts.get("optionalhook"):
-            unknown.append(hook)
-    return unknown
-
-
-def _error_text(exc: BaseException) -> str:
-    message = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
 @dataclass
@@ -188,9 +77,7 @@ class _State:
         pm = pluggy.PluginManager(HOOK_GROUP)
         pm.add_hookspecs(hookspecs)
         for module_name in BUILTIN_HOOK_MODULES:
-            module = import_if_present(module_name)
-            if module is None:
-                continue  # that part of the core is not built yet
+            module = importlib.import_module(module_name)
             pm.register(module, name=module_name)
             self.builtin.append(
                 PluginRecord(module_name, "reshard-core", __version__, hooks=hook_names(pm, module))
@@ -233,7 +120,7 @@ class _State:
         try:
             plugin = claim.entry_point.load()
         except Exception as exc:  # a broken plugin must not break the core
-            self._add(dataclasses.replace(base, status="error", reason=_error_text(exc)))
+            self._add(dataclasses.replace(base, status="error", reason=error_text(exc)))
             return
         assert self.pm is not None
         base = dataclasses.replace(base, hooks=hook_names(self.pm, plugin))
@@ -243,7 +130,7 @@ class _State:
             reason = f"{declared}; this reshard-core provides plugin API {PLUGIN_API_VERSION}"
             self._add(dataclasses.replace(base, status="incompatible", reason=reason))
             return
-        unknown = _unknown_hooks(self.pm, plugin, base.hooks)
+        unknown = unknown_hooks(self.pm, plugin, base.hooks)
         if unknown:
             reason = f"implements unknown hook(s): {', '.join(unknown)}"
             self._add(dataclasses.replace(base, status="error", reason=reason))
@@ -251,7 +138,7 @@ class _State:
         try:
             self.pm.register(plugin, name=name)
         except Exception as exc:  # pluggy validation: bad hook signature
-            self._add(dataclasses.replace(base, status="error", reason=_error_text(exc)))
+            self._add(dataclasses.replace(base, status="error", reason=error_text(exc)))
             return
         probe = getattr(plugin, "unavailable_reason", None)
         self._add(base, probe if callable(probe) else None, pending=True)
@@ -284,7 +171,7 @@ class _State:
         for entry in self.entries:
             if entry.pending:
                 entry.pending = False
-                entry.record = _checked(entry.record, entry.probe, disabled)
+                entry.record = checked(entry.record, entry.probe, disabled)
 
     def records(self, include_builtin: bool) -> list[PluginRecord]:
         out = [
@@ -299,47 +186,8 @@ class _State:
         return sorted(out, key=PluginRecord.sort_key)
 
 
-def _checked(record: PluginRecord, probe: Callable[[], object] | None,
-             disabled: frozenset[str]) -> PluginRecord:
-    """``record`` after loading its transports and asking its probe, then each transport's."""
-    from .transport.registry import get_transport
-
-    drivers = []
-    for tname in record.transports:
-        if tname in disabled:
-            continue
-        try:
-            drivers.append((tname, get_transport(tname)))
-        except PluginError as exc:  # fails to import, or is not a CopyService subclass
-            return dataclasses.replace(record, status="error", reason=str(exc))
-    asked = [("unavailable_reason()", probe)] if probe is not None else []
-    asked += [(f"transport '{t}': unavailable_reason()", d.unavailable_reason) for t, d in drivers]
-    for what, ask in asked:
-        try:
-            reason = ask()
-        except Exception as exc:
-            return dataclasses.replace(record, status="error", reason=f"{what} raised {_error_text(exc)}")
-        if reason is not None:
-            text = " ".join(str(reason).split()) or "no reason given"
-            return dataclasses.replace(record, status="unavailable", reason=text)
-    return record
-
-
 _LOCK = threading.RLock()
 _STATE = _State()
-
-
-def _raise_if_strict(records: list[PluginRecord]) -> None:
-    if not strict_mode():
-        return
-    for record in records:
-        if record.status in FAILED_STATUSES:
-            suffix = f"({STRICT_ENV}=1)"
-            if record.reason and record.reason.startswith(f"transport '{record.name}' "):
-                raise PluginError(f"{record.reason} {suffix}")  # already names the transport and its origin
-            origin = f"{record.distribution} {record.version}" if record.distribution else "in-process"
-            what = "is incompatible" if record.status == "incompatible" else "failed to load"
-            raise PluginError(f"plugin '{record.name}' ({origin}) {what}: {record.reason} {suffix}")
 
 
 def get_plugin_manager() -> pluggy.PluginManager:
@@ -350,7 +198,7 @@ def get_plugin_manager() -> pluggy.PluginManager:
     with _LOCK:
         if _STATE.pm is None:
             _STATE.build()
-        _raise_if_strict(_STATE.records(include_builtin=False))
+        raise_if_strict(_STATE.records(include_builtin=False))
         assert _STATE.pm is not None
         return _STATE.pm
 
@@ -368,7 +216,7 @@ def plugin_records(*, include_builtin: bool = False, check: bool = True) -> list
         if check:
             _STATE.check_all()
         records = _STATE.records(include_builtin)
-        _raise_if_strict(records)
+        raise_if_strict(records)
         return records
 
 
@@ -392,7 +240,7 @@ def register_plugin(plugin: object, name: str | None = None) -> str:
         raise PluginError(
             f"plugin '{plugin_name}' implements no reshard hook (mark functions with @hookimpl)"
         )
-    unknown = _unknown_hooks(pm, plugin, hooks)
+    unknown = unknown_hooks(pm, plugin, hooks)
     if unknown:
         raise PluginError(f"plugin '{plugin_name}' implements unknown hook(s): {', '.join(unknown)}")
     with _LOCK:
@@ -402,7 +250,7 @@ def register_plugin(plugin: object, name: str | None = None) -> str:
         try:
             pm.register(plugin, name=plugin_name)
         except Exception as exc:
-            raise PluginError(f"cannot register plugin '{plugin_name}': {_error_text(exc)}") from exc
+            raise PluginError(f"cannot register plugin '{plugin_name}': {error_text(exc)}") from exc
         _STATE.in_process[plugin_name] = PluginRecord(plugin_name, None, None, hooks=hooks)
     return plugin_name
 

@@ -10,7 +10,8 @@ import typer
 from rich.table import Table
 
 from .. import __version__
-from ..plugins import FAILED_STATUSES, PluginRecord, plugin_records
+from ..plugin_status import FAILED_STATUSES, PluginRecord
+from ..plugins import plugin_records
 from ..transport.registry import transport_names
 from .output import EXIT_FAILURE, console, print_json
 from .plugins_cmd import STATUS_STYLE

@@ -14,7 +14,8 @@ import click
 import typer
 
 from ..errors import PluginError, ReshardError
-from ..plugins import get_plugin_manager, strict_mode
+from ..plugin_status import strict_mode
+from ..plugins import get_plugin_manager
 from . import doctor_cmd, formats_cmd, plan_cmd, plugins_cmd
 from .output import EXIT_FAILURE, EXIT_USAGE, print_error, print_warning
 

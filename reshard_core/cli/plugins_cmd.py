@@ -8,7 +8,8 @@ import typer
 from rich import box
 from rich.table import Table
 
-from ..plugins import PluginRecord, plugin_records
+from ..plugin_status import PluginRecord
+from ..plugins import plugin_records
 from .output import console, print_json
 
 STATUS_STYLE = {

@@ -11,15 +11,8 @@ import importlib.metadata as metadata
 from typing import TYPE_CHECKING
 
 from ..errors import PluginError
-from ..plugins import (
-    DISABLE_ENV,
-    HOOK_GROUP,
-    TRANSPORT_GROUP,
-    EntryPointClaim,
-    conflict_reason,
-    disabled_names,
-    entry_point_claims,
-)
+from ..plugin_status import DISABLE_ENV, EntryPointClaim, conflict_reason, disabled_names, entry_point_claims
+from ..plugins import HOOK_GROUP, TRANSPORT_GROUP
 
 if TYPE_CHECKING:
     from .copy_service import CopyService

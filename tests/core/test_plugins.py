@@ -9,10 +9,9 @@ import pytest
 from reshard_core import PLUGIN_API_VERSION
 from reshard_core.errors import PluginError
 from reshard_core.hookspecs import hookimpl
+from reshard_core.plugin_status import PluginRecord
 from reshard_core.plugins import (
-    PluginRecord,
     get_plugin_manager,
-    import_if_present,
     plugin_records,
     register_plugin,
     unregister_plugin,
@@ -274,10 +273,7 @@ def test_in_process_registration_errors(plugin_fixtures):
 
 def test_builtins_registered_first_so_plugins_win(plugin_fixtures, monkeypatch):
     plugin_fixtures("modules")
-    monkeypatch.setattr(
-        "reshard_core.plugins.BUILTIN_HOOK_MODULES",
-        ("fixture_builtin_hooks", "reshard_core.not_built_yet.builtin"),
-    )
+    monkeypatch.setattr("reshard_core.plugins.BUILTIN_HOOK_MODULES", ("fixture_builtin_hooks",))
     pm = get_plugin_manager()
     assert pm.hook.reshard_plan_tensor(entry="t", rank=0, context=None) == "builtin"
     planner = Planner("plugin")
@@ -301,13 +297,12 @@ def test_builtin_module_with_missing_dependency_is_a_real_error(plugin_fixtures,
         get_plugin_manager()
 
 
-def test_import_if_present(plugin_fixtures):
+def test_a_missing_builtin_module_is_a_real_error(plugin_fixtures, monkeypatch):
+    """No built-in hook module is optional: a mistyped or missing one fails, it is never skipped."""
     plugin_fixtures("modules")
-    assert import_if_present("reshard_core.not_built_yet.builtin") is None
-    assert import_if_present("reshard_core.plugins_not_here") is None
-    assert import_if_present("fixture_builtin_hooks").__name__ == "fixture_builtin_hooks"
-    with pytest.raises(ModuleNotFoundError, match=r"^No module named 'fixture_no_such_dependency'$"):
-        import_if_present("fixture_builtin_broken")
+    monkeypatch.setattr("reshard_core.plugins.BUILTIN_HOOK_MODULES", ("reshard_core.not_a_module",))
+    with pytest.raises(ModuleNotFoundError, match=r"^No module named 'reshard_core.not_a_module'$"):
+        get_plugin_manager()
 
 
 def test_plugin_manager_is_a_singleton_until_reset(fresh_plugin_manager):
