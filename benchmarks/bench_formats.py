@@ -95,9 +95,9 @@ def _build(case: str, hidden: int, layers: int, vocab: int, dtype: torch.dtype):
 
 def _control(model, side: str, fmt) -> nn.Module:
     """Plain contiguous copies of every logical piece ``model`` holds, declared with its layout."""
+    from reshard_core.build.sides import logical_side
     from reshard_core.exchange.verdict import Problems
     from reshard_core.extract import ExtractContext, declare_layout
-    from reshard_core.build.sides import logical_side
     from reshard_core.views import materialize, region
 
     specs, _ = logical_side(model, side, fmt, ExtractContext.create(), (), Problems())
@@ -112,8 +112,9 @@ def _control(model, side: str, fmt) -> nn.Module:
 
 
 def _worker(rank: int, world: int, case: str, reps: int, hidden: int, layers: int, vocab: int) -> dict:
+    from reshard_bench.timing import median, timed
+
     import reshard_core
-    from reshard_core.bench.timing import median, timed
     from reshard_core.formats import resolve_format
 
     dtype = torch.bfloat16

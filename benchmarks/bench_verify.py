@@ -3,7 +3,7 @@
 Run: ``python benchmarks/bench_verify.py [--pair tp=2->tp=4] [--size bench] [--world 4] [--reps 7]
 [--json]``.
 
-One Gloo world on loopback; the pure-torch GPT of ``reshard_core.bench`` (``--size bench``: hidden
+One Gloo world on loopback; the pure-torch GPT of ``reshard_bench`` (``--size bench``: hidden
 1024, 8 layers, vocab 32000, 0.38 GB in bf16) in the ``--pair`` layouts (source Megatron-style,
 destination declared). Two prepared sessions on the same models, ``prepare(...)`` and
 ``prepare(..., verify=True)`` (same plan, same transport), each warmed once; then, per repetition,
@@ -22,12 +22,12 @@ import statistics
 
 import torch
 import torch.distributed as dist
+from reshard_bench.gpt import PRESETS
+from reshard_bench.layouts import resolve_layout
+from reshard_bench.pairs import build_pair
+from reshard_bench.refit_bench import parse_pair
+from reshard_bench.timing import timed
 
-from reshard_core.bench.gpt import PRESETS
-from reshard_core.bench.layouts import resolve_layout
-from reshard_core.bench.pairs import build_pair
-from reshard_core.bench.refit_bench import parse_pair
-from reshard_core.bench.timing import timed
 from reshard_core.testing.world import run_world
 
 SEED = 4321
