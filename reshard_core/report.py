@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .execute.delta import DeltaStats
+from .execute.delta_state import DeltaStats
 from .execute.stats import ExecStats
 
 
@@ -18,7 +18,7 @@ class RefitReport:
     ``transfer``, ``local``, ``unpack``, ``total``). With ``verify=True``, what this rank checked:
     ``verified_bytes`` (``bytes_received`` + ``bytes_local``, less transformed local copies) and
     ``verified_messages`` (the received messages); both 0 without ``verify``. With ``delta=True``,
-    ``delta`` says what moved as deltas and why anything went whole (``execute.delta.DeltaStats``);
+    ``delta`` says what moved as deltas and why anything went whole (``execute.delta_state.DeltaStats``);
     None without ``delta``.
     """
 

@@ -18,7 +18,7 @@ import torch
 from . import fingerprints, session_cache, versions
 from .errors import ReshardError
 from .exchange import failures
-from .execute.delta import DeltaState
+from .execute.delta_state import DeltaState
 from .execute.executor import execute_plan
 from .execute.memo import ExecMemo
 from .execute.pool import StagingPool

@@ -18,7 +18,7 @@ import torch
 from ..errors import PlanError, ReshardError
 from ..exchange import exchange_layouts, failures
 from ..exchange.verdict import Problems, raise_if_any
-from ..execute.delta import DeltaState
+from ..execute.delta_state import DeltaState
 from ..extract import ExtractContext, extract_specs
 from ..extract.destinations import destination_problems
 from ..extract.freshness import source_refreshers

@@ -16,7 +16,7 @@ update from that sender it applied in full. One delta execution:
 3. **announce**: each sender sends each receiver the update's id and, per message, the encoded
    size or -1 (dense); the receiver then knows every buffer to post;
 4. the executor's pipeline runs as usual; a delta message lands by reading the destination's old
-   words at the changed positions and writing the new ones (``land``);
+   words at the changed positions and writing the new ones (``delta_land``);
 5. once every message from a sender landed, the receiver records that sender's update id.
 
 So a snapshot is trusted only after its receiver confirmed it holds what the snapshot says: a failed
@@ -29,10 +29,7 @@ the same ``delta`` (an agreed option).
 
 from __future__ import annotations
 
-import itertools
-import secrets
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 
 import torch
 
@@ -40,12 +37,13 @@ from ..errors import ReshardError
 from ..plan.describe import format_ranks
 from ..plan.ops import TransferOp
 from ..transport.copy_service import CopyService
-from ..views import SplitView, copy_into, materialize
+from ..views import copy_into
 from . import delta_codec
+from .delta_state import DeltaState, DeltaStats, MessageKey, stamp, written_only_by
 from .messages import ExecContext, Incoming, Outgoing, recipe_of
 from .schedule import Schedule
 from .side_round import side_round
-from .slots import Slot, layout_slots, slot_view
+from .slots import layout_slots, slot_view
 from .verify import exchange_device
 
 DENSE_RATIO = 0.5
@@ -58,82 +56,6 @@ a message whose changes would exceed ``DENSE_RATIO`` at this rate goes whole wit
 
 MIN_BYTES = 1024
 """Smaller messages always go whole and keep no snapshot (a delta's header alone is 40 bytes)."""
-
-_serials = itertools.count(1)
-_writers: dict[int, int] = {}
-"""Destination storage address -> serial of the ``DeltaState`` whose execution wrote it last (0: an
-execution without delta). Only kept once some delta state exists."""
-
-MessageKey = tuple[int, int, int]
-"""``(batch, peer, seq)``: one message of the schedule."""
-
-
-@dataclass(frozen=True)
-class DeltaStats:
-    """What one delta execution did on this rank (``RefitReport.delta``).
-
-    ``messages`` went as deltas, ``dense_messages`` whole; ``changed_words`` of ``compared_words``
-    16-bit words differed from the snapshots; ``full_bytes`` is what a full refit would have sent
-    (``RefitReport.bytes_sent`` is what was); ``held_bytes`` the snapshots kept for the next delta
-    refit; ``note`` says why messages went dense (empty when none had to)."""
-
-    messages: int = 0
-    dense_messages: int = 0
-    changed_words: int = 0
-    compared_words: int = 0
-    full_bytes: int = 0
-    held_bytes: int = 0
-    note: str = ""
-
-
-@dataclass
-class DeltaState:
-    """What a prepared session keeps between delta refits (see the module docstring)."""
-
-    serial: int = field(default_factory=lambda: next(_serials))
-    nonce: int = field(default_factory=lambda: secrets.randbits(62) + 1)
-    seq: int = 0
-    snapshots: dict[MessageKey, torch.Tensor] = field(default_factory=dict)
-    sent: dict[int, tuple[int, int]] = field(default_factory=dict)
-    """Per receiver: the update id this rank's snapshots for it stand at."""
-    applied: dict[int, tuple[int, int]] = field(default_factory=dict)
-    """Per sender: the id of the last update from it this rank applied in full."""
-    eligible: dict[MessageKey, bool] = field(default_factory=dict)
-    """Per message sent: whether it can go as a delta (fixed by the plan, decided once)."""
-    refusals: dict[MessageKey, str] = field(default_factory=dict)
-    """Per message received: why this rank cannot take it as a delta ("": it can), decided once."""
-    origin: str = "first delta refit of this plan"
-    """Why its first execution is full (the session's plan is new, or was rebuilt)."""
-
-    def invalidate(self) -> None:
-        """After a failed execution: the next one is dense for every pair this rank is in."""
-        self.sent.clear()
-        self.applied.clear()
-
-    @property
-    def held_bytes(self) -> int:
-        return sum(s.nbytes for s in self.snapshots.values())
-
-
-def stamp(dst: Mapping[str, torch.Tensor | None], serial: int) -> None:
-    """Record that an execution of the ``DeltaState`` ``serial`` (0: one without delta) writes these
-    destinations. A no-op until the first delta refit, so plain refits pay nothing."""
-    if serial or _writers:
-        for key in _storage_keys(dst):
-            _writers[key] = serial
-
-
-def written_only_by(dst: Mapping[str, torch.Tensor | None], serial: int) -> bool:
-    """Whether the last execution writing each of these destinations was one of ``serial``'s."""
-    return all(_writers.get(key) == serial for key in _storage_keys(dst))
-
-
-def _storage_keys(dst: Mapping[str, torch.Tensor | None]) -> Iterable[int]:
-    """The storage address under each destination (a ``SplitView``'s: its base's)."""
-    for tensor in dst.values():
-        tensor = tensor.base if isinstance(tensor, SplitView) else tensor
-        if isinstance(tensor, torch.Tensor):
-            yield getattr(tensor, "_local_tensor", tensor).untyped_storage().data_ptr()
 
 
 class DeltaRun:
@@ -310,7 +232,12 @@ class DeltaRun:
             notes.append(f"{self.too_dense} message{'s' if self.too_dense > 1 else ''} whole: "
                          "changed too densely for a delta")  # fmt: skip
         return DeltaStats(
-            self.messages, self.dense, self.changed, self.compared, self.full, self.state.held_bytes,
+            self.messages,
+            self.dense,
+            self.changed,
+            self.compared,
+            self.full,
+            self.state.held_bytes,
             "; ".join(notes),
         )
 
@@ -344,65 +271,6 @@ def eligible(ctx: ExecContext, ops: list[TransferOp]) -> bool:
     return total % 2 == 0 and all(s.offset % 2 == 0 and s.nbytes % 2 == 0 for s in slots)
 
 
-def land(incoming: Incoming) -> None:
-    """Apply an encoded message: for each changed word, read the destination's old word and write
-    the new one (work proportional to the changed words)."""
-    recipe = incoming.recipe
-    delta = delta_codec.decode(incoming.message)
-    if delta_codec.payload_words(incoming.message) * 2 != recipe.nbytes:
-        raise ReshardError(
-            f"a delta from rank {incoming.peer} was encoded for a message of "
-            f"{delta_codec.payload_words(incoming.message) * 2} bytes, this rank expects {recipe.nbytes}"
-        )
-    if recipe.direct is not None:
-        _apply(_as_bytes(recipe.direct).view(torch.int16), delta.positions, delta, 0, None)
-        return
-    bounds = torch.tensor([s.offset // 2 for _, s in recipe.pieces] + [recipe.nbytes // 2])
-    cuts = torch.searchsorted(delta.positions.cpu(), bounds).tolist()
-    for (target, slot), lo, hi in zip(recipe.pieces, cuts, cuts[1:], strict=False):
-        if lo == hi:
-            continue
-        local = delta.positions[lo:hi] - slot.offset // 2
-        local = local[local < slot.nbytes // 2]  # words of the padding after a slot carry nothing
-        _write_words(target, slot, local, delta, lo)
-
-
-def _apply(words: torch.Tensor, index: torch.Tensor, delta: delta_codec.Delta, lo: int, hi: int | None):
-    words[index] = delta.values(words[index], lo, hi)
-
-
-def _write_words(target, slot: Slot, local: torch.Tensor, delta: delta_codec.Delta, lo: int) -> None:
-    """Apply ``delta``'s entries ``lo..`` (at word ``local`` of ``target``'s row-major words)."""
-    hi = lo + local.numel()
-    plain = isinstance(target, torch.Tensor)
-    if plain and target.is_contiguous() and target.data_ptr() % 2 == 0:
-        _apply(target.reshape(-1).view(torch.uint8).view(torch.int16), local, delta, lo, hi)
-    elif plain and target.element_size() % 2 == 0:
-        _apply(_storage_words(target), _strided_words(target, local), delta, lo, hi)
-    else:  # a split region, or strided single bytes: through one contiguous copy of it
-        region = materialize(target).contiguous().clone()
-        _apply(region.reshape(-1).view(torch.uint8).view(torch.int16), local, delta, lo, hi)
-        copy_into(target, region)
-
-
-def _storage_words(tensor: torch.Tensor) -> torch.Tensor:
-    """The whole storage under ``tensor`` as a flat int16 tensor."""
-    storage = tensor.untyped_storage()
-    words = torch.empty(0, dtype=torch.int16, device=tensor.device)
-    return words.set_(storage, 0, (storage.nbytes() // 2,), (1,))
-
-
-def _strided_words(tensor: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
-    """Storage word indices of the row-major words ``local`` of a strided ``tensor``."""
-    per = tensor.element_size() // 2
-    element, word = local // per, local % per
-    offset = torch.full_like(element, tensor.storage_offset())
-    for size, stride in zip(reversed(tensor.shape), reversed(tensor.stride()), strict=True):
-        offset += (element % size) * stride
-        element = element // size
-    return offset * per + word
-
-
 def _empty(words: torch.Tensor) -> torch.Tensor:
     """The delta of a message that did not change."""
     empty = torch.empty(0, dtype=torch.int64, device=words.device)
@@ -412,6 +280,3 @@ def _empty(words: torch.Tensor) -> torch.Tensor:
 
 def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(-1).view(torch.uint8)
-
-
-

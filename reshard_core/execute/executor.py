@@ -35,6 +35,7 @@ from ..transform import ReshardTransform, assign_transforms
 from ..transport.copy_service import CopyService
 from . import delta as deltas
 from .check import check_inputs
+from .delta_state import DeltaState, stamp
 from .memo import ExecMemo
 from .messages import ExecContext, Incoming, Outgoing, build_incoming, build_outgoing, land, run_local
 from .pool import StagingPool, pool_for
@@ -84,7 +85,7 @@ def execute_plan(
     window: int = 0,
     memo: ExecMemo | None = None,
     verify: bool = False,
-    delta: deltas.DeltaState | None = None,
+    delta: DeltaState | None = None,
 ) -> ExecStats:
     """Execute ``plan`` on this rank; collective with every peer the plan names.
 
@@ -132,7 +133,7 @@ def execute_plan(
     if verify:
         ctx.verify = Verifier(plan, exchange_device(transport))
     if delta is None:
-        deltas.stamp(dst_tensors, 0)
+        stamp(dst_tensors, 0)
     else:
         ctx.delta = deltas.DeltaRun(delta, ctx, schedule)
     try:

@@ -282,7 +282,7 @@ def _buffer_bytes(landings: list[Landing]) -> int:
 def land(ctx: ExecContext, incoming: Incoming) -> None:
     """Unpack a completed message: one copy per op (cast if asked), or the transform's finalize_recv."""
     if incoming.encoded:
-        from .delta import land as land_delta  # delta imports this module
+        from .delta_land import land as land_delta  # delta_land imports this module
 
         land_delta(incoming)
         return

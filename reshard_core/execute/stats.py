@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .delta import DeltaStats
+    from .delta_state import DeltaStats
 
 
 @dataclass
@@ -27,7 +27,7 @@ class ExecStats:
     ``verified_messages`` the received messages checked; ``mismatches`` holds one line per rank
     pair whose tensors arrived different from what was sent (``"rank 0 → rank 2: 1 tensor arrived
     different from what was sent: w"``), and one for this rank's local copies that differ from
-    their source. ``delta``: what a delta execution did (``delta.DeltaStats``), None without one.
+    their source. ``delta``: what a delta execution did (``delta_state.DeltaStats``), None without one.
     """
 
     bytes_sent: int = 0

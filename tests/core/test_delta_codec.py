@@ -105,10 +105,10 @@ def test_a_scan_lists_exactly_the_changed_words(offset):
 
 @pytest.mark.parametrize("kind", ["contiguous", "strided", "split", "bytes"])
 def test_a_delta_lands_in_every_kind_of_destination_region(kind):
-    """``delta._write_words`` on a plain contiguous region, a strided one (a column block), a split
+    """``delta_land._write_words`` on a plain contiguous region, a strided one (a column block), a split
     region (Megatron's q rows inside ``linear_qkv``) and a strided uint8 region (through a copy):
     the region's words become the new ones, nothing else of the base changes."""
-    from reshard_core.execute import delta as deltas
+    from reshard_core.execute import delta_land as deltas
     from reshard_core.execute.slots import Slot
     from reshard_core.views import SplitView, materialize, region
 
