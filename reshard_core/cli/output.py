@@ -1,4 +1,8 @@
-"""Shared CLI output helpers: exit codes, one-line errors on stderr, plain JSON on stdout."""
+"""Shared CLI output helpers: exit codes, one-line errors on stderr, plain JSON on stdout.
+
+The names in ``__all__`` are what a plugin's commands (``reshard_register_commands``) use to behave
+like the core's: same exit codes, same one-line errors, same JSON.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,20 @@ import sys
 from typing import Any
 
 from rich.console import Console
+
+__all__ = [
+    "EXIT_FAILURE",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "console",
+    "error_message",
+    "one_line",
+    "optional_bytes",
+    "print_error",
+    "print_json",
+    "print_warning",
+    "require_transport",
+]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1

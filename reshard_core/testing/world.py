@@ -26,6 +26,8 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
+__all__ = ["WorldError", "WorldStopped", "emit", "free_port", "outcome", "run_jobs", "run_world"]
+
 POLL_S = 0.2
 """How often the parent looks at its ranks (and asks the watchdog) while no message arrives."""
 
