@@ -2,7 +2,7 @@
 
 ``expected_megatron(model, full, ...)`` gives, for every parameter of a real Megatron model on this
 rank (stage-local names), the tensor it must hold when the logical (HF) tensors are ``full``, straight
-from formats.md: group-major ``linear_qkv`` (weight and bias) cut into TP equal row ranges (whole
+from docs/formats.md: group-major ``linear_qkv`` (weight and bias) cut into TP equal row ranges (whole
 groups when TP ≤ ng; part of one group's ``(p+2)·h`` block when TP > ng, as Megatron 0.16.1 allows),
 ``[gate_s; up_s]`` fc1, row-parallel ``linear_proj`` / ``linear_fc2``, vocab rows past V filled with
 ``pad``. Global layer numbers, global expert indices and TP ranks come from Megatron's own

@@ -1,6 +1,6 @@
 """Format "megatron" on hand-made specs, single process: names, logical layouts, local views.
 
-Physical Megatron tensors are built here from HF tensors by formats.md's formulas (group-major
+Physical Megatron tensors are built here from HF tensors by docs/formats.md's formulas (group-major
 ``linear_qkv``, ``[gate; up]`` fc1 cut with stride 2, vocab padded with rows past V); each rank's
 piece is cut by the physical layout. Every logical local view must equal that rank's chunk of the
 HF tensor under the logical layout, and writing HF values through the views must rebuild the
@@ -57,7 +57,7 @@ def _write(spec: TensorSpec, values: torch.Tensor) -> None:
 
 
 def _linear_qkv(q, k, v, nh, ng):
-    """formats.md: group g is rows [g·B, (g+1)·B) = [q heads g·p .. g·p+p-1; k_g; v_g]."""
+    """docs/formats.md: group g is rows [g·B, (g+1)·B) = [q heads g·p .. g·p+p-1; k_g; v_g]."""
     p = nh // ng
     blocks = []
     for g in range(ng):

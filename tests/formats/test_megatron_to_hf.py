@@ -2,7 +2,7 @@
 
 Every Megatron model here is a real ``GPTModel`` (local layer spec, RMSNorm, RoPE, gated SiLU, no
 biases, nh=8, ng=2, fp32) whose parameters are filled from HF tensors by ``megatron_oracle`` (an
-independent converter written from formats.md); every HF model is a real transformers model.
+independent converter written from docs/formats.md); every HF model is a real transformers model.
 
 - dense, vocab 100 padded to 128 (NaN padding rows), untied: Megatron TP2 (×DP2) → ``LlamaForCausalLM``
   replicated and DTensor-TP4 (colwise q/k/v/gate/up, rowwise o/down), with

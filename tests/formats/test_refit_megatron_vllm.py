@@ -1,7 +1,7 @@
 """Megatron-Core → vLLM's convention at TP4, directly, in one 4-rank Gloo world.
 
 The source is a real ``GPTModel`` (local layer spec, RMSNorm, gated MLP, no biases, nh=8, untied
-output) whose shards are filled, by formulas written here from formats.md, with the HF tensors of
+output) whose shards are filled, by formulas written here from docs/formats.md, with the HF tensors of
 one Llama model (group-major ``linear_qkv``, ``[gate_s; up_s]`` fc1). Three sources: TP2 (×DP2) with
 ng=2, and TP4 with ng=2 and ng=1, where TP exceeds the query groups and Megatron splits the fused
 ``linear_qkv`` rows evenly, so a rank holds part of one group's block. The destination is the vLLM
@@ -52,7 +52,7 @@ def hf_tensors(groups: int) -> dict[str, torch.Tensor]:
 
 
 def megatron_shard(full: dict[str, torch.Tensor], name: str, s: int, tp: int, ng: int) -> torch.Tensor:
-    """TP rank ``s``'s piece of Megatron parameter ``name`` (formats.md: Megatron ← HF)."""
+    """TP rank ``s``'s piece of Megatron parameter ``name`` (docs/formats.md: Megatron ← HF)."""
     h, nh = SIZES["head_dim"], SIZES["heads"]
     p = nh // ng
     rows = lambda t: t.chunk(tp)[s]  # noqa: E731

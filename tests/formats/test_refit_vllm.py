@@ -2,7 +2,7 @@
 
 - transformers ``LlamaForCausalLM`` (nh=8, ng=2, vocab 99: FSDP2 shards the vocab 25/25/25/24) under
   ``fully_shard`` → the vLLM stand-in at TP4 (kv heads replicated over 2 ranks) and TP2×DP2, with
-  ``refit(src, dst)`` and no format arguments: bit for bit against ``vllm_oracle`` (formats.md's
+  ``refit(src, dst)`` and no format arguments: bit for bit against ``vllm_oracle`` (docs/formats.md's
   formulas), padding rows zero (they held NaN), and each rank receives exactly the bytes of its
   real destination elements it does not copy locally.
 - ``Qwen3MoeForCausalLM`` (6 experts, tied embeddings, layer 1 dense; FSDP2 splits the experts

@@ -2,7 +2,7 @@
 converter for many parallel layouts, detection and declaration, and its error texts.
 
 Each rank of an engine is simulated by building the stand-in for that rank and filling it with what
-``vllm_oracle`` (formats.md's formulas) says vLLM holds there; every logical spec the format gives
+``vllm_oracle`` (docs/formats.md's formulas) says vLLM holds there; every logical spec the format gives
 must then be, box by box, the HF tensor's region its layout names, and the boxes of all ranks must
 cover each logical tensor.
 """
@@ -18,10 +18,10 @@ import torch
 from torch import nn
 from vllm_oracle import expected_vllm, hf_values
 
+from reshard_core.build.coverage import coverage_problems
 from reshard_core.errors import FormatError, PlanError
 from reshard_core.extract import ExtractContext
 from reshard_core.formats import declare_format, resolve_format
-from reshard_core.build.coverage import coverage_problems
 from reshard_core.formats.vllm import (
     PARALLEL_ATTR,
     VLLMFormat,
@@ -61,7 +61,7 @@ def hf_full(config) -> dict[str, torch.Tensor]:
 
 
 def logical(full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """HF checkpoint tensors: transformers' fused experts split per expert (formats.md)."""
+    """HF checkpoint tensors: transformers' fused experts split per expert (docs/formats.md)."""
     out = {}
     for name, t in full.items():
         if name.endswith(".experts.gate_up_proj"):

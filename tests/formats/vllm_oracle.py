@@ -1,4 +1,4 @@
-"""An independent converter to vLLM's per-rank parameters, straight from formats.md (no reshard code).
+"""An independent converter to vLLM's per-rank parameters, straight from docs/formats.md (no reshard code).
 
 ``expected_vllm(full, config, groups, rank, ...)`` takes the full HF tensors as transformers holds them
 in memory (fused experts ``mlp.experts.gate_up_proj [E, 2I, H]`` / ``down_proj [E, H, I]``) and
