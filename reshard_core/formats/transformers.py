@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..extract import ExtractContext
+from ..extract import ExtractContext, unwrap_all
 from ..specs import TensorSpec
 from .base import ModelFormat
 from .pieces import select, split
@@ -34,7 +34,8 @@ class TransformersFormat(ModelFormat):
     def map_spec(self, spec: TensorSpec, model: Any, context: ExtractContext) -> list[TensorSpec] | None:
         name = spec.meta.name
         if name.endswith(_FUSED) and len(spec.meta.shape) == 3:
-            if getattr(getattr(model, "config", None), "model_type", "") == "gpt_oss":
+            roots = unwrap_all(model)  # the module detection looked at
+            if roots and getattr(getattr(roots[0], "config", None), "model_type", "") == "gpt_oss":
                 return None
             prefix = name[: -len("gate_up_proj")]
             inter = spec.meta.shape[1] // 2
