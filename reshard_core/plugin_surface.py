@@ -23,6 +23,9 @@ SURFACE_MODULES: tuple[str, ...] = (
     "reshard_core.extract",  # extractors: the context, the tensor walk, the built-in chain, DTensor helpers
     "reshard_core.formats",  # model formats, the vLLM format's names included
     "reshard_core.transport",  # transports: CopyService and the point-to-point base with its helpers
+    "reshard_core.simulate",  # the offline planner: layouts from parallel sizes, plans without a world
+    "reshard_core.cli.output",  # for commands added by ``reshard_register_commands``: exit codes, printing
+    "reshard_core.testing.world",  # local multi-process worlds (the one spawner) and rank outcomes
 )
 
 
