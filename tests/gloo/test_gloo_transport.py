@@ -13,7 +13,8 @@ from reshard_gloo.transport import GlooCopyService
 
 from reshard_core.errors import TransportError
 from reshard_core.testing.world import run_world
-from reshard_core.transport.p2p import QueuedOp, describe_failure, list_ops, poll_until, remaining
+from reshard_core.transport import QueuedOp, poll_until, remaining
+from reshard_core.transport.p2p import describe_failure, list_ops
 
 
 def test_gloo_is_available_here_and_the_plugin_says_so():

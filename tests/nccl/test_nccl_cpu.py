@@ -12,7 +12,7 @@ from reshard_nccl import plugin, streams
 from reshard_nccl.transport import NcclCopyService
 
 from reshard_core.errors import TransportError
-from reshard_core.transport.p2p import Issued, QueuedOp
+from reshard_core.transport import Issued, QueuedOp
 
 needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the reason given without CUDA")
 
