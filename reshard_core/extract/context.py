@@ -15,7 +15,6 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ReshardError
-from .unwrap import strip_wrappers  # noqa: F401 (plain.py and dtensor.py still import it from here)
 
 
 class ExtractError(ReshardError):

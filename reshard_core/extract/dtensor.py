@@ -31,7 +31,8 @@ import torch
 
 from ..layout import Layout, Mesh, Replicate, Shard, chunk_bounds
 from ..specs import TensorMeta, TensorSpec
-from .context import ExtractContext, ExtractError, strip_wrappers
+from .context import ExtractContext, ExtractError
+from .unwrap import strip_wrappers
 
 
 def is_dtensor(tensor: object) -> bool:

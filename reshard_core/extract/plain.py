@@ -17,7 +17,8 @@ import torch.distributed as dist
 
 from ..layout import Layout, Mesh, Replicate, Shard
 from ..specs import TensorMeta, TensorSpec
-from .context import ExtractContext, ExtractError, strip_wrappers
+from .context import ExtractContext, ExtractError
+from .unwrap import strip_wrappers
 
 LAYOUT_ATTR = "_reshard_layout"
 NAME_ATTR = "_reshard_name"
