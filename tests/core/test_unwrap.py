@@ -59,4 +59,5 @@ def test_format_detection_sees_through_the_same_wrappers_as_extraction():
     found = resolve_format(model, None)
     assert found is not None and found.name == "hf"
     for wrapper in ("FP8Module", "Float16Module", "DistributedDataParallel"):
-        assert resolve_format(_wrapper(wrapper, model), None) is found
+        wrapped = resolve_format(_wrapper(wrapper, model), None)
+        assert wrapped is not None and wrapped.name == found.name, wrapper
