@@ -26,6 +26,7 @@ SURFACE_MODULES: tuple[str, ...] = (
     "reshard_core.simulate",  # the offline planner: layouts from parallel sizes, plans without a world
     "reshard_core.cli.output",  # for commands added by ``reshard_register_commands``: exit codes, printing
     "reshard_core.testing.world",  # local multi-process worlds (the one spawner) and rank outcomes
+    "reshard_core.testing.models",  # deterministic, layout-independent Megatron GPT / FSDP2 / TP models
 )
 
 

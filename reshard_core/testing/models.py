@@ -20,6 +20,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+__all__ = [
+    "TinyMLP",
+    "build_fsdp_mlp",
+    "build_gpt",
+    "build_pg_collection",
+    "build_tp_mlp",
+    "coord_values",
+    "init_megatron",
+    "salt",
+]
+
 _PHI = 0.6180339887498949
 _PLASTIC = 0.7548776662466927
 

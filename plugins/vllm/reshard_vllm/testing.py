@@ -23,7 +23,6 @@ import copy
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,8 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen3MoeConfig,
 )
+
+from reshard_core.testing.world import free_port
 
 if TYPE_CHECKING:
     from vllm import LLM
@@ -217,13 +218,6 @@ def engine_env(tp: int) -> dict[str, str]:
         "DO_NOT_TRACK": "1",
         "TOKENIZERS_PARALLELISM": "false",
     }
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --------------------------------------------------------------------------- processes
