@@ -33,13 +33,14 @@ from ..errors import TransportError
 from ..plan.ops import RankPlan
 from ..transform import ReshardTransform, assign_transforms
 from ..transport.copy_service import CopyService
+from ..transport.task_ids import message_task_id
 from . import delta as deltas
 from .check import check_inputs
 from .delta_state import DeltaState, stamp
 from .memo import ExecMemo
 from .messages import ExecContext, Incoming, Outgoing, build_incoming, build_outgoing, land, run_local
 from .pool import StagingPool, pool_for
-from .schedule import Batch, Schedule, build_schedule, message_task_id
+from .schedule import Batch, Schedule, build_schedule
 from .stats import ExecStats
 from .verify import Verifier, exchange_device
 

@@ -8,9 +8,6 @@ from dataclasses import dataclass, field
 
 from ..plan.ops import OpKind, RankPlan, TransferOp
 
-_RANK_BITS = 20
-_SEQ_BITS = 20
-
 DIRECT_MIN_BYTES = 256 * 1024
 """An op of at least this many bytes travels as its own message, so that each side can move it
 without staging when its region is contiguous there (smaller ops share one packed message)."""
@@ -89,12 +86,6 @@ def message_groups(plan: RankPlan, ops: list[TransferOp]) -> list[list[TransferO
     small = [op for op in ops if plan.bytes_of(op) < DIRECT_MIN_BYTES]
     large = [[op] for op in ops if plan.bytes_of(op) >= DIRECT_MIN_BYTES]
     return ([small] if small else []) + large
-
-
-def message_task_id(batch: int, src_rank: int, dst_rank: int, seq: int = 0) -> int:
-    """The task id of message ``seq`` (see ``message_groups``) from ``src_rank`` to ``dst_rank`` in
-    ``batch``; the same on both sides and distinct for every message of a refit."""
-    return (((batch << _SEQ_BITS) | seq) << (2 * _RANK_BITS)) | (src_rank << _RANK_BITS) | dst_rank
 
 
 def finalize_points(plan: RankPlan, names: Container[str]) -> dict[int, list[str]]:

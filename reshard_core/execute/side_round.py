@@ -9,7 +9,7 @@ import torch
 
 from ..errors import TransportError
 from ..transport.copy_service import CopyService
-from .schedule import message_task_id
+from ..transport.task_ids import message_task_id
 
 
 def side_round(

@@ -18,6 +18,7 @@ _EXPORTS = {
     "as_bytes": "p2p",
     "remaining": "p2p",
     "poll_until": "p2p",
+    "message_task_id": "task_ids",
 }
 
 __all__ = list(_EXPORTS)

@@ -14,7 +14,6 @@ from reshard_core.execute.schedule import (
     build_schedule,
     finalize_points,
     first_points,
-    message_task_id,
     split_batches,
 )
 from reshard_core.execute.slots import Slot, layout_slots, slot_view
@@ -22,6 +21,7 @@ from reshard_core.plan.ops import OpKind, RankPlan, TransferOp
 from reshard_core.specs import TensorMeta
 from reshard_core.transform import ReshardTransform
 from reshard_core.transport.copy_service import CopyService
+from reshard_core.transport.task_ids import message_task_id
 
 BF16, F32 = torch.bfloat16, torch.float32
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from reshard_core import CopyService, OpKind, RankPlan
+from reshard_core.transport import message_task_id
 
 
 def local_volume(plan: RankPlan) -> int:
@@ -28,12 +29,6 @@ def pair_volumes(plan: RankPlan) -> tuple[dict[int, int], dict[int, int]]:
         elif op.kind is OpKind.RECV:
             recvs[op.peer] = recvs.get(op.peer, 0) + plan.bytes_of(op)
     return sends, recvs
-
-
-def pair_task_id(src: int, dst: int) -> int:
-    """The task id of the floor's one message from ``src`` to ``dst``: both sides derive it alike and
-    it is distinct per pair, all a transport asks of one (the numbers the executor gives a first batch)."""
-    return (src << 20) | dst
 
 
 class WireFloor:
@@ -58,9 +53,9 @@ class WireFloor:
 
     def run(self, with_local: bool = False) -> None:
         for peer, buf in self.sends.items():
-            self.transport.submit_send(buf, peer, pair_task_id(self.rank, peer))
+            self.transport.submit_send(buf, peer, message_task_id(0, self.rank, peer))
         for peer, buf in self.recvs.items():
-            self.transport.submit_recv(buf, peer, pair_task_id(peer, self.rank))
+            self.transport.submit_recv(buf, peer, message_task_id(0, peer, self.rank))
         start = getattr(self.transport, "start", None)
         if not with_local or not callable(start):
             self.transport.run()
