@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Any
 
 import torch
 
@@ -22,6 +21,7 @@ from ..execute.delta_state import DeltaState
 from ..extract import ExtractContext, extract_specs
 from ..extract.destinations import destination_problems
 from ..extract.freshness import source_refreshers
+from ..fingerprints import Model
 from ..options import RefitOptions
 from ..plan.cache import cached_plan_rank
 from ..plugins import get_plugin_manager
@@ -31,8 +31,6 @@ from ..session_cache import transport_for
 from ..specs import TensorSpec
 from ..transform import ReshardTransform
 from .sides import FormatChoice, logical_hint, logical_side
-
-Model = Any  # an nn.Module, a list of modules (virtual pipeline chunks), or None
 
 
 def build(src: Model, dst: Model, sides: tuple, options: RefitOptions, choice: FormatChoice) -> Session:
