@@ -30,13 +30,17 @@ import argparse
 import contextlib
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from reshard_core.testing.training import MasterWeights
 from reshard_core.testing.world import run_world
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "vllm"))  # vllm_harness
 
 BF16 = torch.bfloat16
 
@@ -157,8 +161,8 @@ def bench_vllm(args: dict) -> list[dict]:
     try:
         import tempfile
 
+        import vllm_harness as T
         from reshard_vllm import LLMClient, ReshardTrainerInitInfo
-        from reshard_vllm import testing as T
         from transformers import LlamaForCausalLM
         from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
     except Exception as exc:  # an optional part: say why it is skipped

@@ -21,9 +21,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "vllm"))  # vllm_harness
 
 PROMPT = [5, 17, 33, 2, 99, 100, 7, 8]
 
@@ -86,8 +90,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
 
+    import vllm_harness as T
     from reshard_vllm import LLMClient, ReshardTrainerInitInfo
-    from reshard_vllm import testing as T
     from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
 
     from reshard_core.testing.world import free_port

@@ -31,6 +31,7 @@ _EXPORTS = {
     "TransportError": "errors",
     "PluginError": "errors",
     "FormatError": "errors",
+    "MissingDependency": "errors",
     # extension points
     "CopyService": "transport.copy_service",
     "ReshardTransform": "transform",

@@ -24,3 +24,14 @@ class FormatError(PlanError):
 
 class LayoutPayloadError(ReshardError):
     """A layout-exchange payload is malformed (truncated, corrupted, or not made by reshard)."""
+
+
+class MissingDependency(ReshardError, ImportError):
+    """A module needs an optional package that is not installed; the message says how to install it.
+
+    Raised instead of a bare ``ModuleNotFoundError`` by modules that import an optional dependency
+    (one their distribution declares as an extra) at import time."""
+
+    def __init__(self, module: str, distribution: str, install: str) -> None:
+        self.module, self.distribution, self.install = module, distribution, install
+        super().__init__(f"{module} needs {distribution}, which is not installed here: {install}")

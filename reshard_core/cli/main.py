@@ -1,7 +1,8 @@
 """The ``reshard`` command: builds the typer app from the core commands (``plugins``, ``doctor``,
 ``plan``, ``formats``) and plugins' ``reshard_register_commands`` hooks (``demo`` and ``bench`` come
-from reshard-bench's), and turns ``ReshardError`` and click's usage errors (an unknown option, a
-missing one, a value of the wrong type) into one line on stderr.
+from reshard-bench's), and turns ``ReshardError`` and typer's usage errors (an unknown option, a
+missing one, a value of the wrong type) into one line on stderr. Only typer's own names are used
+(typer 0.29 and newer vendor click: no click is installed or imported).
 
 Exit codes: 0 ok, 1 failure, 2 usage error.
 """
@@ -10,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import click
 import typer
+from typer.exceptions import TyperException
 
 from ..errors import PluginError, ReshardError
 from ..plugin_status import strict_mode
@@ -57,23 +58,17 @@ def build_app() -> typer.Typer:
     return app
 
 
-try:  # newer typer vendors click; its exceptions derive from TyperException
-    from typer.exceptions import TyperException
-except ImportError:
-    TyperException = ()  # type: ignore[assignment,misc]
-_CLICK_ERRORS = (click.ClickException, click.Abort, TyperException)
+_USAGE_ERRORS = (TyperException, typer.Abort)
 
 
 def _usage_error(exc: Exception) -> int:
-    """Show a click error (usage, missing or bad value, abort) as one line; its exit code."""
-    ctx = getattr(exc, "ctx", None)
-    if type(exc).__name__ == "NoArgsIsHelpError":  # a bare group: its help (vendored click showed it)
-        if not isinstance(exc, TyperException):
-            click.echo(exc.format_message(), err=True)
+    """Show a typer error (usage, missing or bad value, abort) as one line; its exit code."""
+    if type(exc).__name__ == "NoArgsIsHelpError":  # a bare group: typer printed its help already
         return EXIT_USAGE
-    if not hasattr(exc, "format_message"):  # Abort (Ctrl-C at a prompt)
+    if isinstance(exc, typer.Abort):  # Ctrl-C at a prompt
         print_error(ReshardError("aborted"))
         return EXIT_FAILURE
+    ctx = getattr(exc, "ctx", None)
     where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
     print_error(ReshardError(exc.format_message() + where))
     return int(getattr(exc, "exit_code", EXIT_USAGE))
@@ -87,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ReshardError as exc:
         print_error(exc)
         raise SystemExit(EXIT_FAILURE) from None
-    except _CLICK_ERRORS as exc:
+    except _USAGE_ERRORS as exc:
         raise SystemExit(_usage_error(exc)) from None
     raise SystemExit(code if isinstance(code, int) else 0)
 

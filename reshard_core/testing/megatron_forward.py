@@ -18,10 +18,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..optional import require_megatron
+
 
 def allow_cpu_forward() -> None:
     """Stub the CUDA and Transformer Engine references Megatron's local-spec forward makes, for this
     process."""
+    require_megatron("reshard_core.testing.megatron_forward.allow_cpu_forward")
     import megatron.core.transformer.moe.moe_utils as moe_utils
     from megatron.core import tensor_parallel
 

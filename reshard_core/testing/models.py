@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..optional import require_megatron
+
 __all__ = [
     "TinyMLP",
     "build_fsdp_mlp",
@@ -53,6 +55,7 @@ def salt(key: str) -> float:
 
 def init_megatron() -> None:
     """Initialise Megatron's global state once (``initialize_model_parallel(1)``), as its tests do."""
+    require_megatron("reshard_core.testing.models.init_megatron")
     from megatron.core import parallel_state
 
     if not parallel_state.model_parallel_is_initialized():
@@ -68,6 +71,7 @@ def build_pg_collection(
     ``expt_tp = tp`` and ``expt_dp = dp``; embedding groups from the first and last stage of every
     pipeline. Collective over the world; ranks outside the grid get None.
     """
+    require_megatron("reshard_core.testing.models.build_pg_collection")
     from megatron.core import parallel_state
     from megatron.core.hyper_comm_grid import HyperCommGrid
     from megatron.core.process_groups_config import ProcessGroupCollection
@@ -129,6 +133,7 @@ def build_gpt(
     """
     if pg_collection is None:
         return None
+    require_megatron("reshard_core.testing.models.build_gpt")
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.transformer_config import TransformerConfig

@@ -10,13 +10,13 @@ and the worker received exactly its parameters' bytes.
 from __future__ import annotations
 
 import pytest
+import vllm_harness as T
 from vllm_jobs import DTYPE, LOGPROB_ATOL, NEW_TOKENS, PROMPT, model_for
 
 from reshard_core.testing.world import free_port
 
 pytestmark = pytest.mark.slow
 
-T = pytest.importorskip("reshard_vllm.testing")
 
 
 @pytest.fixture(scope="module")

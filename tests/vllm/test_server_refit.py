@@ -11,6 +11,7 @@ previous weights serving, which is checked by generation.
 from __future__ import annotations
 
 import pytest
+import vllm_harness as T
 from vllm_jobs import (
     DTYPE,
     LOGPROB_ATOL,
@@ -29,7 +30,6 @@ from reshard_core.testing.world import WorldError, free_port, run_world
 
 pytestmark = pytest.mark.slow
 
-T = pytest.importorskip("reshard_vllm.testing")
 
 
 @pytest.fixture(scope="module")

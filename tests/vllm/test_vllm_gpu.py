@@ -10,13 +10,13 @@ crashes vLLM 0.32's CPU worker) is refit here too.
 from __future__ import annotations
 
 import pytest
+import vllm_harness as T
 from vllm_jobs import NEW_TOKENS, PROMPT, model_for
 
 from reshard_core.testing.world import free_port
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
-T = pytest.importorskip("reshard_vllm.testing")
 
 
 def _refit_three_times(llm, config, *, transport: str, inplace: bool | None) -> None:

@@ -32,7 +32,7 @@ float32 (at 0.2 it drifts to ~3e-2), while a misplaced slice moves logprobs by 4
 
 def model_for(config: Any, seed: int) -> Any:
     """The transformers model of round ``seed``: what the trainer sends and the test's reference."""
-    from reshard_vllm.testing import tiny_model
+    from vllm_harness import tiny_model
 
     return tiny_model(config, seed=seed, init_std=INIT_STD)
 
@@ -61,7 +61,7 @@ def _engine(rank: int, world: int, url: str, port: int, model: Any, timeout: flo
 
 
 def _round(engine: Any, rank: int, url: str, model_dir: str) -> Any:
-    from reshard_vllm.testing import completions
+    from vllm_harness import completions
 
     verdict = engine.send_weights(version=None)
     dist.barrier()
@@ -131,7 +131,7 @@ def failing_job(rank: int, world: int, url: str, model_dir: str, port: int, case
 
 
 def _failing(rank: int, world: int, url: str, port: int, case: str) -> str:
-    from reshard_vllm.testing import tiny_llama_config
+    from vllm_harness import tiny_llama_config
 
     from reshard_core.testing.world import outcome
 
@@ -163,7 +163,7 @@ def _failing(rank: int, world: int, url: str, port: int, case: str) -> str:
 def check_rounds(rounds: list, kind: str = "llama", workers: tuple[int, ...] = (2, 3)) -> None:
     """Each round agrees with transformers on its seed's weights, differs from the one before, and
     every engine worker received exactly the bytes of its own parameters."""
-    from reshard_vllm.testing import check_greedy
+    from vllm_harness import check_greedy
 
     config = _config(kind)
     previous = None
@@ -188,7 +188,7 @@ def check_rounds(rounds: list, kind: str = "llama", workers: tuple[int, ...] = (
 def served(path: Any, kind: str, tp: int) -> Iterator[Any]:
     """A running ``vllm serve`` of the tiny ``kind`` model (dummy weights, ``DTYPE``) at TP ``tp``
     with backend "reshard"; stopped (every process of it) on exit."""
-    from reshard_vllm.testing import VLLMServer, write_model_dir
+    from vllm_harness import VLLMServer, write_model_dir
 
     model_dir = write_model_dir(path, _config(kind))
     with VLLMServer(
@@ -199,7 +199,7 @@ def served(path: Any, kind: str, tp: int) -> Iterator[Any]:
 
 
 def _config(kind: str) -> Any:
-    from reshard_vllm.testing import tiny_llama_config, tiny_qwen3_moe_config
+    from vllm_harness import tiny_llama_config, tiny_qwen3_moe_config
 
     make = tiny_llama_config if kind == "llama" else tiny_qwen3_moe_config
     return make(dtype=DTYPE)

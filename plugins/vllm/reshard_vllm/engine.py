@@ -24,19 +24,24 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from vllm.distributed.weight_transfer.base import (
-    WeightTransferEngine,
-    WeightTransferInitInfo,
-    WeightTransferUpdateInfo,
-)
 
 import reshard_core
-from reshard_core import ReshardError
+from reshard_core import MissingDependency, ReshardError
 from reshard_core.formats import declare_vllm
 
 from .layout import engine_parallel
+from .plugin import INSTALL_VLLM
 from .reload import InPlaceUpdate, LayerwiseUpdate
 from .verdict import Verdict, agree, failed, ok
+
+try:
+    from vllm.distributed.weight_transfer.base import (
+        WeightTransferEngine,
+        WeightTransferInitInfo,
+        WeightTransferUpdateInfo,
+    )
+except ModuleNotFoundError as exc:
+    raise MissingDependency(__name__, "vllm", INSTALL_VLLM) from exc
 
 logger = logging.getLogger("reshard_vllm")
 

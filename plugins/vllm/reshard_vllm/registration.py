@@ -13,10 +13,17 @@ BACKEND = "reshard"
 
 def register() -> None:
     """Make ``weight_transfer_config={"backend": "reshard"}`` and ``ReshardTrainerInitInfo`` work here."""
-    from vllm.distributed.weight_transfer.factory import (
-        WeightTransferEngineFactory,
-        WeightTransferTrainerFactory,
-    )
+    try:
+        from vllm.distributed.weight_transfer.factory import (
+            WeightTransferEngineFactory,
+            WeightTransferTrainerFactory,
+        )
+    except ModuleNotFoundError as exc:
+        from reshard_core import MissingDependency
+
+        from .plugin import INSTALL_VLLM
+
+        raise MissingDependency("reshard_vllm", "vllm", INSTALL_VLLM) from exc
 
     if BACKEND not in WeightTransferEngineFactory._registry:
         WeightTransferEngineFactory.register_engine(

@@ -22,12 +22,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from vllm.distributed.weight_transfer.base import TrainerInitInfo, TrainerWeightTransferEngine
-
 import reshard_core
-from reshard_core import ReshardError
+from reshard_core import MissingDependency, ReshardError
 
+from .plugin import INSTALL_VLLM
 from .verdict import Verdict, agree, failed, ok
+
+try:
+    from vllm.distributed.weight_transfer.base import TrainerInitInfo, TrainerWeightTransferEngine
+except ModuleNotFoundError as exc:
+    raise MissingDependency(__name__, "vllm", INSTALL_VLLM) from exc
 
 
 @dataclass
