@@ -56,6 +56,7 @@ def main() -> int:
         return 1
     problems: list[str] = []
     counts: dict[str, int] = {}
+    optional: list[str] = []
     start = time.perf_counter()
     for dist, packages in sorted(dists.items()):
         extras = optional_requirements(dist)
@@ -70,6 +71,7 @@ def main() -> int:
                 try:
                     importlib.import_module(name)
                 except MissingDependency as exc:
+                    optional.append(f"{name} ({exc.distribution})")
                     if _normalise(exc.distribution) not in extras:
                         problems.append(
                             f"{dist}: {name} needs {exc.distribution}, which {dist} does not declare "
@@ -80,6 +82,8 @@ def main() -> int:
     seconds = time.perf_counter() - start
     summary = ", ".join(f"{dist} {n}" for dist, n in sorted(counts.items()))
     print(f"import check: {sum(counts.values())} modules imported in {seconds:.1f} s ({summary})")
+    if optional:
+        print(f"import check: {len(optional)} need an optional package absent here: {', '.join(optional)}")
     for problem in problems:
         print(f"import check: FAILED {problem}", file=sys.stderr)
     return 1 if problems else 0
