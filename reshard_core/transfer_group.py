@@ -59,7 +59,7 @@ class TransferGroup:
         self.key = ("transfer", next(_serial))
         """Distinguishes this group from every other (also one later joined at the same address)."""
         self._groups: dict[str, Any] = {}
-        self._gathers = 0
+        self._gathers: dict[str, int] = {}
         self.closed = False
         self.pg = self.process_group(backend)
 
@@ -141,29 +141,55 @@ class TransferGroup:
         pg._register_backend(device, kind, impl)
         return pg
 
-    def gather_text(self, text: str, *, what: str = "status", missing: str | None = None) -> list[str]:
-        """Every rank's ``text``, in rank order. Collective over the group, through its store (so it
-        also works when the group's process group failed). A rank that did not report within
-        ``timeout`` gets ``missing`` when it is given; else ``TransportError`` names those ranks.
-        Ranks must call it in the same order."""
+    def gather_text(
+        self, text: str, *, what: str = "status", missing: str | None = None, ranks: range | None = None
+    ) -> list[str]:
+        """The ``text`` of every rank in ``ranks`` (default: the whole group), in rank order.
+        Collective over those ranks, through the group's store (so it also works when the group's
+        process group failed). A rank that did not report within ``timeout`` gets ``missing`` when
+        it is given; else ``TransportError`` names those ranks. When the store itself is gone, the
+        error names its host, rank 0. The ranks must call it in the same order."""
         if self.closed:
             raise TransportError(f"transfer group {self.address or self.key}: used after close()")
-        self._gathers += 1
-        prefix = f"reshard/transfer/gather/{self._gathers}/"
-        keys = [prefix + str(r) for r in range(self.size)]
+        ranks = range(self.size) if ranks is None else ranks
+        tag = "all" if ranks == range(self.size) else f"{ranks.start}-{ranks.stop - 1}"
+        self._gathers[tag] = serial = self._gathers.get(tag, 0) + 1
+        prefix = f"reshard/transfer/gather/{tag}/{serial}/"
+        keys = [prefix + str(r) for r in ranks]
         try:
-            self.store.set(keys[self.rank], text.encode())
+            self.store.set(prefix + str(self.rank), text.encode())
             self.store.wait(keys, datetime.timedelta(seconds=self.timeout))
             return [self.store.get(k).decode() for k in keys]
         except Exception as exc:
             absent = _unset(self.store, keys)
-            if missing is not None and absent is not None:
-                return [missing if r in absent else self.store.get(k).decode() for r, k in enumerate(keys)]
+            if absent is None:
+                raise TransportError(
+                    f"transfer group rank {self.rank}: {what}: the group's store at {self.address} is "
+                    f"gone: rank 0, its host, exited or stalled ({_first_line(exc)})"
+                ) from exc
+            absent = [ranks[i] for i in absent]
+            if missing is not None:
+                return [missing if r in absent else self.store.get(prefix + str(r)).decode() for r in ranks]
             who = f"ranks {absent} did not report" if absent else _first_line(exc)
             raise TransportError(
                 f"transfer group rank {self.rank}: {what}: {who} within {self.timeout:g} s "
                 "(failed, exited or stalled)"
             ) from exc
+
+    @staticmethod
+    def refuse(host: str, port: int, reason: str, *, timeout: float = 5.0) -> bool:
+        """Tell the ranks joining at ``host:port`` that this side will not join: every rank waiting
+        there for the group size raises ``TransportError`` with ``reason``. Best effort (False when
+        the store cannot be reached, or the group formed already)."""
+        try:
+            store = dist.TCPStore(
+                host, int(port), None, False, timeout=datetime.timedelta(seconds=timeout),
+                wait_for_workers=False,
+            )  # fmt: skip
+            store.compare_set(_SIZE_KEY, "", _REFUSED + reason)
+            return store.get(_SIZE_KEY).decode() == _REFUSED + reason
+        except Exception:
+            return False
 
     def close(self) -> None:
         """End the group: drop the refit sessions and transports built on it, then release its
@@ -193,26 +219,32 @@ class TransferGroup:
         )
 
 
+_SIZE_KEY = "reshard/transfer/size"
+_REFUSED = "refused: "
+
+
 def _agree_size(store: Any, rank: int, size: int | None, address: str, timeout: float) -> int:
-    """The group size: published by the first rank that knows it, read by every other."""
-    key = "reshard/transfer/size"
+    """The group size: published by the first rank that knows it, read by every other (or the
+    reason another side published with ``TransferGroup.refuse`` instead)."""
     try:
         if size is not None:
-            published = int(store.compare_set(key, "", str(size)).decode())
+            published = store.compare_set(_SIZE_KEY, "", str(size)).decode()
         else:
-            store.wait([key])
-            published = int(store.get(key).decode())
+            store.wait([_SIZE_KEY])
+            published = store.get(_SIZE_KEY).decode()
     except Exception as exc:
         raise TransportError(
             f"transfer group rank {rank} at {address}: no rank published the group size within "
             f"{timeout:g} s: {_first_line(exc)}"
         ) from exc
-    if size is not None and published != size:
+    if published.startswith(_REFUSED):
+        raise TransportError(f"transfer group rank {rank} at {address}: {published[len(_REFUSED):]}")
+    if size is not None and int(published) != size:
         raise TransportError(
             f"transfer group rank {rank} at {address}: joined with size {size}, but the group was "
             f"formed with size {published}"
         )
-    return published
+    return int(published)
 
 
 def _check_ranks(rank: int, size: int, job_ranks: range) -> None:

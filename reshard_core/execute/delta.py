@@ -39,7 +39,16 @@ from ..plan.ops import TransferOp
 from ..transport.copy_service import CopyService
 from ..views import copy_into
 from . import delta_codec
-from .delta_state import DeltaState, DeltaStats, MessageKey, stamp, written_only_by
+from .delta_state import (
+    NO_BASELINE,
+    NO_UPDATE_YET,
+    REWRITTEN,
+    DeltaState,
+    DeltaStats,
+    MessageKey,
+    stamp,
+    written_only_by,
+)
 from .messages import ExecContext, Incoming, Outgoing, recipe_of
 from .schedule import Schedule
 from .side_round import side_round
@@ -82,10 +91,10 @@ class DeltaRun:
         stamp(ctx.dst, state.serial)
         if not fresh:
             state.applied.clear()
+            state.lost = REWRITTEN
         sends, recvs = self._messages("send"), self._messages("recv")
-        confirmed = self._round(
-            transport, 1, {p: list(state.applied.get(p, (0, 0))) for p in recvs}, {p: 2 for p in sends}
-        )
+        baselines = {p: list(state.applied.get(p, (0, state.lost))) for p in recvs}
+        confirmed = self._round(transport, 1, baselines, {p: 2 for p in sends})
         state.seq += 1
         update = (state.nonce, state.seq)
         announce = {}
@@ -105,8 +114,8 @@ class DeltaRun:
     def _why_full(self, peer: int, confirmed: list[int]) -> str:
         if self.state.seq == 1:
             return self.state.origin
-        if confirmed == [0, 0]:
-            return "the receiver holds no baseline (its last refit failed or its weights were rewritten)"
+        if confirmed[0] == 0:
+            return NO_BASELINE.get(confirmed[1], NO_BASELINE[NO_UPDATE_YET])
         return "the receiver did not confirm the last update"
 
     def _messages(self, direction: str) -> dict[int, list[tuple[MessageKey, list[TransferOp]]]]:
@@ -225,6 +234,7 @@ class DeltaRun:
     def finish(self) -> None:
         """After every message landed: record each sender's update as applied."""
         self.state.applied = dict(self.update)
+        self.state.lost = NO_UPDATE_YET
 
     def stats(self) -> DeltaStats:
         notes = [f"full to ranks {format_ranks(ranks)}: {why}" for why, ranks in self.notes.items()]

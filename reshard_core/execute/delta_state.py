@@ -23,6 +23,18 @@ execution without delta). Only kept once some delta state exists."""
 MessageKey = tuple[int, int, int]
 """``(batch, peer, seq)``: one message of the schedule."""
 
+NO_UPDATE_YET, REWRITTEN, LAST_REFIT_FAILED = 0, 1, 2
+NO_BASELINE = {
+    NO_UPDATE_YET: "the receiver holds no baseline: it applied no update of this session yet",
+    REWRITTEN: (
+        "the receiver holds no baseline: its destinations were written since by another refit (one "
+        "without delta, or another session's)"
+    ),
+    LAST_REFIT_FAILED: "the receiver holds no baseline: its last refit failed",
+}
+"""Why a receiver has no baseline, by the code it confirms as ``(0, code)`` (an update id's nonce is
+never 0)."""
+
 
 @dataclass(frozen=True)
 class DeltaStats:
@@ -60,11 +72,15 @@ class DeltaState:
     """Per message received: why this rank cannot take it as a delta ("": it can), decided once."""
     origin: str = "first delta refit of this plan"
     """Why its first execution is full (the session's plan is new, or was rebuilt)."""
+    lost: int = NO_UPDATE_YET
+    """Why this rank, as a receiver, holds no baseline from a sender it has none from (a
+    ``NO_BASELINE`` code, sent in the confirm round in place of an update id)."""
 
     def invalidate(self) -> None:
         """After a failed execution: the next one is dense for every pair this rank is in."""
         self.sent.clear()
         self.applied.clear()
+        self.lost = LAST_REFIT_FAILED
 
     @property
     def held_bytes(self) -> int:

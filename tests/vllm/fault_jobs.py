@@ -1,0 +1,116 @@
+"""Trainer jobs that fail on purpose against a running vLLM server (``test_server_faults.py``).
+
+Each runs as a separate job (``run_world``), like the jobs of ``vllm_jobs.py``, and writes each
+rank's outcome (``"ok"`` or the error text) to ``<outdir>/rank<r>.txt``, since a job whose rank is
+killed returns nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from vllm_jobs import _config, _engine, model_for
+
+KILL_PHASES = ("after-start", "mid-update", "before-finish", "in-pause")
+"""Where trainer rank 0 (which drives the engine and hosts the group's store) is SIGKILLed:
+after ``/start_weight_update`` answered; while the workers wait for its slices; after the workers
+received the update, before rank 0 pauses generation and calls ``/finish_weight_update``; and after
+``/pause`` answered, before ``/finish_weight_update`` (generation stays paused until the next
+trainer's init resumes it)."""
+
+
+def _write(outdir: str, rank: int, text: str) -> str:
+    Path(outdir, f"rank{rank}.txt").write_text(text)
+    return text
+
+
+def _fsdp_model(seed: int) -> Any:
+    from torch.distributed.fsdp import fully_shard
+
+    model = model_for(_config("llama"), seed)
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+def _kill_self() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def killed_job(rank: int, world: int, url: str, model_dir: str, phase: str, seed: int, outdir: str) -> str:
+    """Rank 0 is SIGKILLed at ``phase`` of its first update; every other rank records its error."""
+    from reshard_core.testing.world import outcome
+
+    engine = _engine(rank, world, url, 0, _fsdp_model(seed), timeout=8)
+    if rank == 0:
+        client = engine.client
+        if phase == "after-start":
+            start = client.start_weight_update
+
+            def start_then_die() -> None:
+                start()
+                _kill_self()
+
+            client.start_weight_update = start_then_die
+        elif phase == "mid-update":
+            import reshard_core
+
+            def die_instead_of_sending(*args: Any, **kwargs: Any) -> None:
+                time.sleep(1.0)  # the update request has reached the engine; its workers wait for us
+                _kill_self()
+
+            reshard_core.refit = die_instead_of_sending
+        elif phase == "before-finish":
+            engine._apply = lambda *args, **kwargs: _kill_self()
+        elif phase == "in-pause":
+            client.finish_weight_update = lambda *args, **kwargs: _kill_self()
+        else:
+            raise ValueError(phase)
+    return _write(outdir, rank, outcome(lambda: engine.send_weights(version=f"killed-{phase}")))
+
+
+def takeover_job(
+    rank: int, world: int, url: str, model_dir: str, seeds: list[int], outdir: str, go: str, done: str
+) -> str:
+    """Job A: one update that lands, then (once ``done`` exists: job B took the engine over) a second
+    one, whose outcome every rank records."""
+    from reshard_core.testing.world import outcome
+
+    model = _fsdp_model(seeds[0])
+    engine = _engine(rank, world, url, 0, model)
+    engine.send_weights(version="A-1")
+    dist.barrier()
+    if rank == 0:
+        Path(go).touch()
+    deadline = time.monotonic() + 300
+    while not Path(done).exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return _write(outdir, rank, outcome(lambda: engine.send_weights(version="A-2")))
+
+
+def alternating_job(
+    rank: int, world: int, url: str, model_dir: str, seeds: list[int], rounds: int, pause: str | None
+) -> list[float]:
+    """``rounds`` updates alternating between the models of ``seeds``, each with ``pause``; returns
+    each update's seconds on rank 0."""
+    import torch
+    from torch.distributed.tensor import distribute_tensor
+
+    model = _fsdp_model(seeds[0])
+    engine = _engine(rank, world, url, 0, model)
+    states = [model_for(_config("llama"), seed).state_dict() for seed in seeds]
+    seconds = []
+    for k in range(rounds):
+        full = states[k % len(states)]
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                param.copy_(distribute_tensor(full[name], param.device_mesh, param.placements))
+        seconds.append(engine.send_weights(version=f"{seeds[k % len(seeds)]}", pause=pause).seconds)
+    engine.shutdown()
+    return seconds
