@@ -40,3 +40,12 @@ def llama_tp2_server(tmp_path_factory):
 
     with served(tmp_path_factory.mktemp("llama"), "llama", tp=2) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def llama_tp1_server(tmp_path_factory):
+    """The same at TP1 (one worker), for ``test_server_tp1.py`` and the TP1 fault cases."""
+    from vllm_jobs import served
+
+    with served(tmp_path_factory.mktemp("llama-tp1"), "llama", tp=1) as server:
+        yield server

@@ -95,22 +95,34 @@ def takeover_job(
 
 
 def alternating_job(
-    rank: int, world: int, url: str, model_dir: str, seeds: list[int], rounds: int, pause: str | None
-) -> list[float]:
-    """``rounds`` updates alternating between the models of ``seeds``, each with ``pause``; returns
-    each update's seconds on rank 0."""
+    rank: int, world: int, url: str, model_dir: str, seeds: list[int], modes: list, rounds: int, gap: float
+) -> dict:
+    """For each pause mode of ``modes`` in turn (announced with ``emit("pause", mode)``, then
+    ``emit("pause", "done")``): ``rounds`` updates alternating between the models of ``seeds``,
+    ``gap`` seconds apart. Returns each mode's update seconds."""
     import torch
     from torch.distributed.tensor import distribute_tensor
+
+    from reshard_core.testing.world import emit
 
     model = _fsdp_model(seeds[0])
     engine = _engine(rank, world, url, 0, model)
     states = [model_for(_config("llama"), seed).state_dict() for seed in seeds]
-    seconds = []
-    for k in range(rounds):
-        full = states[k % len(states)]
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                param.copy_(distribute_tensor(full[name], param.device_mesh, param.placements))
-        seconds.append(engine.send_weights(version=f"{seeds[k % len(seeds)]}", pause=pause).seconds)
+    seconds: dict = {}
+    for mode in modes:
+        dist.barrier()
+        if rank == 0:
+            emit("pause", mode)
+        for k in range(rounds):
+            full = states[k % len(states)]
+            with torch.no_grad():
+                for name, param in model.named_parameters():
+                    param.copy_(distribute_tensor(full[name], param.device_mesh, param.placements))
+            sent = engine.send_weights(version=f"{seeds[k % len(seeds)]}", pause=mode)
+            seconds.setdefault(str(mode), []).append(round(sent.seconds, 3))
+            time.sleep(gap)
+    dist.barrier()
+    if rank == 0:
+        emit("pause", "done")
     engine.shutdown()
     return seconds

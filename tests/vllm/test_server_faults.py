@@ -4,7 +4,9 @@ across updates under each pause mode.
 
 After every fault the engine serves exactly the previous weights or the new ones (checked by
 generation), ``/weight_info`` names what is served, and a fresh trainer job's refit is served
-(checked by generation against transformers). The server is the one ``test_server_refit.py`` uses.
+(checked by generation against transformers). The servers are the ones ``test_server_refit.py``
+(TP2) and ``test_server_tp1.py`` (TP1) use; the malformed inits and a trainer killed mid-update run
+at both sizes.
 """
 
 from __future__ import annotations
@@ -55,8 +57,9 @@ def _init(server, init_info: dict) -> str:
     return str(info.value)
 
 
-def test_malformed_inits_leave_no_stale_reply_and_a_valid_job_then_works(llama_tp2_server) -> None:
-    server = llama_tp2_server
+@pytest.mark.parametrize("tp", [2, 1])
+def test_malformed_inits_leave_no_stale_reply_and_a_valid_job_then_works(request, tp: int) -> None:
+    server = request.getfixturevalue(f"llama_tp{tp}_server")
     before, version = _serving(server), _version(server)
     good = {"master_address": "127.0.0.1", "master_port": 29999, "trainer_world_size": 2}
     first = _init(server, {**good, "trainer_world_size": "two"})
@@ -71,11 +74,13 @@ def test_malformed_inits_leave_no_stale_reply_and_a_valid_job_then_works(llama_t
     _fresh_job_is_served(server, 31)
 
 
-@pytest.mark.parametrize("phase", KILL_PHASES)
+@pytest.mark.parametrize(
+    "tp, phase", [(2, phase) for phase in KILL_PHASES] + [(1, "mid-update")], ids=lambda v: str(v)
+)
 def test_a_trainer_whose_rank_0_is_killed_leaves_old_weights_and_a_fresh_job_works(
-    llama_tp2_server, phase: str, tmp_path: Path
+    request, tp: int, phase: str, tmp_path: Path
 ) -> None:
-    server = llama_tp2_server
+    server = request.getfixturevalue(f"llama_tp{tp}_server")
     before, version = _serving(server), _version(server)
     with pytest.raises(WorldError, match=r"ranks 0 \(exit code -9\) died without reporting"):
         run_world(killed_job, 2, server.url, server.model_dir, phase, 41, str(tmp_path), timeout=300)
@@ -119,55 +124,71 @@ def test_a_second_trainer_takes_over_the_first_is_told_and_a_third_works(llama_t
     _fresh_job_is_served(server, 53)
 
 
-def _reference_tokens(server, seeds: list[int]) -> dict[int, list[int]]:
-    """The engine's greedy tokens with each seed's model loaded (checked against transformers)."""
+LONG = 32
+"""Tokens per completion across updates: long enough that a completion spans an update."""
+
+
+@pytest.fixture(scope="module")
+def references(llama_tp2_server) -> dict[int, list[int]]:
+    """The engine's greedy ``LONG`` tokens with each of two models loaded (each checked against
+    transformers on its first tokens)."""
     out = {}
-    for seed in seeds:
-        _fresh_job_is_served(server, seed)
-        out[seed] = _serving(server)
+    for seed in (61, 62):
+        _fresh_job_is_served(llama_tp2_server, seed)
+        out[seed] = llama_tp2_server.completions(PROMPT, LONG)[0]
+    assert out[61] != out[62]
     return out
 
 
-@pytest.mark.parametrize("pause", ["wait", "abort", "keep", None])
-def test_completions_across_updates(llama_tp2_server, pause: str | None) -> None:
-    """Completions run without a break while a trainer alternates two models. Under "wait" (the
-    default) and "abort" none of them mixes the two models (an aborted one is a prefix of one
-    model's); "keep" and None may mix them, and the last model sent is the one served."""
+MODES = ["wait", "abort", "keep", None]
+
+
+@pytest.mark.timeout(900)
+def test_completions_across_updates_under_each_pause_mode(llama_tp2_server, references) -> None:
+    """Completions run one after another while one trainer job alternates the two models, 6 updates
+    half a second apart under each pause mode in turn. Under "wait" (the default) and "abort" no
+    completion mixes the two models (an aborted one is a prefix of one model's); under "keep" and
+    None they may (printed). The last model sent is then the one served."""
     server = llama_tp2_server
-    seeds = [61, 62]
-    reference = _reference_tokens(server, seeds)
-    assert reference[61] != reference[62]
-    results: list[list[int]] = []
+    mode: dict[str, object] = {"now": "before"}
+    results: dict[object, list[list[int]]] = {m: [] for m in MODES}
     stop = threading.Event()
 
-    def ask() -> None:
+    def ask() -> None:  # one client, a short breath between requests: the trainer needs the CPU too
         while not stop.is_set():
+            began = mode["now"]
             try:
-                results.append(T.completions(server.url, server.model_dir, PROMPT, NEW_TOKENS)[0])
+                tokens = T.completions(server.url, server.model_dir, PROMPT, LONG)[0]
             except T.VLLMServerError:  # an aborted request may come back as an error
-                results.append([])
+                tokens = []
+            if began == mode["now"] and began in results:  # wholly inside one mode's updates
+                results[began].append(tokens)
+            time.sleep(0.2)
 
-    askers = [threading.Thread(target=ask) for _ in range(3)]
-    for asker in askers:
-        asker.start()
+    def on_event(rank: int, kind: str, data: object) -> None:
+        mode["now"] = data
+
+    asker = threading.Thread(target=ask)
+    asker.start()
     try:
         [seconds, _] = run_world(
-            alternating_job, 2, server.url, server.model_dir, seeds, 8, pause, timeout=600
-        )
+            alternating_job, 2, server.url, server.model_dir, [61, 62], MODES, 6, 0.5, timeout=600,
+            on_event=on_event,
+        )  # fmt: skip
     finally:
         stop.set()
-        for asker in askers:
-            asker.join(timeout=120)
-    whole = [r for r in results if len(r) == NEW_TOKENS]
-    mixed = [r for r in whole if r not in reference.values()]
-    partial = [r for r in results if len(r) < NEW_TOKENS]
-    print(f"pause={pause}: {len(results)} completions, {len(mixed)} mixed, {len(partial)} cut short; "
-          f"update seconds {[round(s, 3) for s in seconds]}")  # fmt: skip
-    assert len(seconds) == 8 and len(results) >= 8
-    assert _serving(server) == reference[62]  # the last model sent
-    if pause in ("wait", "abort"):
-        assert not mixed, f"pause={pause}: {len(mixed)} of {len(whole)} completions mixed the two models"
-    if pause == "wait":
-        assert not partial, f"pause='wait' cut {len(partial)} completions short"
-    for short in partial:
-        assert any(ref[: len(short)] == short for ref in reference.values()), short
+        asker.join(timeout=120)
+    assert server.completions(PROMPT, LONG)[0] == references[62]  # the last model sent
+    for pause in MODES:
+        whole = [r for r in results[pause] if len(r) == LONG]
+        mixed = [r for r in whole if r not in references.values()]
+        partial = [r for r in results[pause] if len(r) < LONG]
+        print(f"pause={pause}: {len(results[pause])} completions, {len(mixed)} mixed, {len(partial)} cut "
+              f"short; update seconds {seconds[str(pause)]}")  # fmt: skip
+        assert len(seconds[str(pause)]) == 6 and len(results[pause]) >= 3, pause
+        if pause in ("wait", "abort"):
+            assert not mixed, f"pause={pause}: {len(mixed)} of {len(whole)} completions mixed the two models"
+        if pause == "wait":
+            assert not partial, f"pause='wait' cut {len(partial)} completions short"
+        for short in partial:
+            assert any(ref[: len(short)] == short for ref in references.values()), short

@@ -11,6 +11,7 @@ previous weights serving, which is checked by generation.
 from __future__ import annotations
 
 import pytest
+import torch
 import vllm_harness as T
 from vllm_jobs import (
     DTYPE,
@@ -18,6 +19,7 @@ from vllm_jobs import (
     NEW_TOKENS,
     PROMPT,
     SEEDS,
+    cast_job,
     check_rounds,
     failing_job,
     hf_fsdp_job,
@@ -105,3 +107,20 @@ def test_a_restarted_trainer_job_initialises_again_and_its_updates_land(server) 
     )
     assert check.ok, str(check)
     assert _serving(server) == tokens
+
+
+def test_a_bf16_trainer_needs_cast_for_the_float32_engine_and_then_lands(server) -> None:
+    before = _serving(server)
+    [(text, _), (other, _)] = run_world(cast_job, 2, server.url, server.model_dir, 71, False, timeout=600)
+    assert text == other and text.startswith("ReshardError: weight update failed"), text
+    assert "differ only in dtype" in text and "cast=True" in text, text
+    assert _serving(server) == before
+    [(text, (tokens, logprobs)), _] = run_world(
+        cast_job, 2, server.url, server.model_dir, 71, True, timeout=600
+    )
+    assert text == "ok"
+    reference = model_for(T.tiny_llama_config(dtype=DTYPE), 71).to(torch.bfloat16).float()  # what was sent
+    check = T.check_greedy(
+        reference, PROMPT, tokens, logprobs, logprob_atol=LOGPROB_ATOL, tie_atol=LOGPROB_ATOL
+    )
+    assert check.ok, str(check)

@@ -241,3 +241,21 @@ def _build_gpt(config: Any, *, tp: int, ep: int) -> Any:
         position_embedding_type="rope", rotary_base=int(getattr(config, "rope_theta", 10000)),
         share_embeddings_and_output_weights=False, pg_collection=build_pg_collection(tp=tp, ep=ep),
     )  # fmt: skip
+
+
+def cast_job(rank: int, world: int, url: str, model_dir: str, seed: int, cast: bool) -> Any:
+    """A bfloat16 FSDP2 trainer refits the float32 engine with ``send_weights(cast=cast)``; returns
+    each rank's outcome, and on rank 0 also the engine's greedy answer afterwards."""
+    from torch.distributed.fsdp import fully_shard
+    from vllm_harness import completions
+
+    from reshard_core.testing.world import outcome
+
+    model = model_for(_config("llama"), seed).to(torch.bfloat16)
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    engine = _engine(rank, world, url, 0, model)
+    text = outcome(lambda: engine.send_weights(cast=cast))
+    engine.shutdown()
+    return text, completions(url, model_dir, PROMPT, NEW_TOKENS) if rank == 0 else None

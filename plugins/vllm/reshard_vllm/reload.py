@@ -9,11 +9,12 @@ checkpoint layout (vLLM-named, TP-local, fused, padded) and be processed again. 
    buffers kept across updates (same storage every time, so a refit's prepared plan is reused);
 2. the caller writes every parameter (a refit into the model);
 3. ``commit()`` processes each layer (``process_weights_after_loading``, copy into the original
-   kernel tensors) and finalizes; ``rollback()`` finalizes without processing, which puts every
-   layer's original tensors back with their old values.
+   kernel tensors) and finalizes; ``rollback()`` puts every layer's original tensors back with their
+   old values and finalizes, leaving what arrived in the buffers.
 
-Nothing else runs in between (the engine does all of it inside one RPC), so generation never sees
-meta parameters or a half-updated model.
+Nothing else runs in between (each of open-write-rollback and open-commit happens inside one RPC),
+so generation never sees meta parameters or a half-updated model. The engine receives with the
+first (``update_weights``) and applies with the second (``finish_weight_update``).
 """
 
 from __future__ import annotations
@@ -69,15 +70,16 @@ class LayerwiseUpdate:
 
     def rollback(self) -> None:
         """Finalize without processing: every layer gets its original tensors and values back."""
-        self._finalize()
+        self._finalize(restore=self.layers)
 
-    def _finalize(self) -> None:
+    def _finalize(self, restore: list[tuple[torch.nn.Module, Any]] | None = None) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
         from vllm.model_executor.model_loader.reload.layerwise import _place_kernel_tensors
 
         if self.open_:
             self.open_ = False
-            for layer, info in self.constant:  # finalize would do the same, warning "Failed to load weights"
+            # finalize would do the same for these, warning "Failed to load weights" for each layer
+            for layer, info in [*self.constant, *(restore or [])]:
                 _place_kernel_tensors(layer, info)
                 info.reset()
             finalize_layerwise_reload(self.model, self.model_config)
