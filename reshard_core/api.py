@@ -5,8 +5,10 @@ execute the plan over a transport. ``prepare`` does everything but the execution
 result (a ``Session``); later refits whose models still look the same on every rank reuse it and
 skip extraction, exchange and planning. "Look the same" is checked locally (``fingerprints``) and
 agreed on by one tiny all-gather (``exchange.agree``), so a change on any rank makes every rank
-rebuild (never a stale plan). ``Session.refit()`` runs a prepared session without that all-gather:
-the fast path for a training loop that prepares once and refits after every step.
+rebuild (never a stale plan). ``Session.refit()`` runs a prepared session without walking the
+models (each rank checks the tensors it was prepared with, and the ranks agree on one flag): the
+fast path for a training loop that prepares once and refits after every step. A rank whose own
+checks fail still joins the round and carries its error, so every rank raises it alike.
 
 Where the rest lives: ``options`` (``RefitOptions``), ``session`` (``Session``), ``session_cache``
 (the caches), ``build.pipeline`` (building a session), ``report`` (``RefitReport``).
@@ -23,11 +25,12 @@ from .build.sides import agreed_formats, format_code
 from .errors import ReshardError
 from .exchange import failures
 from .exchange.agree import agree
-from .exchange.options import check_options, option_digests
+from .exchange.options import OPTION_NAMES, check_options, option_digests
 from .fingerprints import Model, check_models, model_signature
 from .formats import resolve_format
 from .options import RefitOptions
 from .plan.cache import clear_plan_cache
+from .refit_group import view_of
 from .report import RefitReport
 from .session import Session
 
@@ -109,27 +112,60 @@ def clear_caches() -> None:
 
 
 def _session(src: Model, dst: Model, options: RefitOptions) -> tuple[Session, bool]:
-    """``(session, reused)``: the cached session when every rank agrees it is still valid."""
+    """``(session, reused)``: the cached session when every rank agrees it is still valid.
+
+    This rank's own checks run first; an error they raise does not leave this rank out of the
+    agreement round: it travels inside it, and every rank raises it alike."""
     o = options
-    check_models(src, dst)
-    key = session_cache.session_key(src, dst, o)
-    signature = (model_signature(src, "source"), model_signature(dst, "destination"))
-    cached = session_cache.cached(key)
-    valid = cached is not None and cached.built_for(src, dst, signature)
-    formats = (resolve_format(src, o.src_format), resolve_format(dst, o.dst_format))
-    codes = (format_code(formats[0]), format_code(formats[1]))
-    agreed = agree(valid, src is not None, dst is not None, codes, option_digests(o), o.group, o.timeout)
+    view_of(o.group)  # no group at all: nothing to agree over, and every rank finds that alike
+    local = _LocalChecks()
+    try:
+        local.run(src, dst, o)
+    except ReshardError as exc:
+        local.error = exc
+    agreed = agree(
+        local.valid, src is not None, dst is not None, local.codes, local.digests, o.group, o.timeout,
+        error=local.error,
+    )  # fmt: skip
     with failures.raised_alike():  # from every rank's agreed values: every rank raises these
+        agreed.raise_errors()
         check_options(agreed.digests)
         if o.max_batch_bytes is not None and (isinstance(o.max_batch_bytes, bool) or o.max_batch_bytes <= 0):
             raise ReshardError(
                 f"max_batch_bytes must be a positive number of bytes or None, got {o.max_batch_bytes!r}"
             )
         if agreed.valid:
-            return cached, True
-        choice = agreed_formats(formats, agreed.codes, agreed.sides)
+            return local.cached, True
+        choice = agreed_formats(local.formats, agreed.codes, agreed.sides)
     session = build(src, dst, agreed.sides, o, choice)
-    if session.delta is not None and cached is not None:
+    if session.delta is not None and local.cached is not None:
         session.delta.origin = "the plan was rebuilt (a model's tensors or layout changed on some rank)"
-    session_cache.remember(key, src, dst, signature, session)
+    session_cache.remember(local.key, src, dst, local.signature, session)
     return session, False
+
+
+class _LocalChecks:
+    """What this rank finds on its own before the agreement round (``run`` may raise part-way; the
+    defaults then stand for the fields it did not reach, and ``error`` says why)."""
+
+    def __init__(self) -> None:
+        self.error: ReshardError | None = None
+        self.key: tuple = ()
+        self.signature: tuple = ()
+        self.cached: Session | None = None
+        self.valid = False
+        self.formats: tuple = (None, None)
+        self.codes: tuple[int, int] = (0, 0)
+        self.digests: tuple[int, ...] = (0,) * len(OPTION_NAMES)
+
+    def run(self, src: Model, dst: Model, o: RefitOptions) -> None:
+        self.digests = option_digests(o)
+        check_models(src, dst)
+        self.key = session_cache.session_key(src, dst, o)
+        self.signature = (model_signature(src, "source"), model_signature(dst, "destination"))
+        self.cached = session_cache.cached(self.key)
+        self.formats = (resolve_format(src, o.src_format), resolve_format(dst, o.dst_format))
+        self.codes = (format_code(self.formats[0]), format_code(self.formats[1]))
+        self.valid = self.cached is not None and self.cached.built_for(src, dst, self.signature)
+        if not self.valid:  # a cached session has its transport already
+            session_cache.check_transport(o.transport)

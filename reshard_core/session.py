@@ -18,6 +18,7 @@ import torch
 from . import fingerprints, session_cache, versions
 from .errors import ReshardError
 from .exchange import failures
+from .exchange.agree import start_together
 from .execute.delta_state import DeltaState
 from .execute.executor import execute_plan
 from .execute.memo import ExecMemo
@@ -79,17 +80,18 @@ class Session:
         ``refit``) again for a fresh one. Collective with every peer of the plan.
         """
         start = time.perf_counter()
-        with failures.watched(self.options.group):
+        o = self.options
+        with failures.watched(o.group):
             self.refresh()  # first: Megatron's all-gathers are collective even where a model changed
             problem = fingerprints.changed(self.models, self.structure, self.watched)
+            error = None
             if problem is not None:
-                # Not published: ranks whose models changed refuse before any communication and are
-                # expected to prepare again at once; a record would stand in their next refit.
-                with failures.raised_alike():
-                    raise ReshardError(
-                        f"rank {self.plan.rank}: the prepared session no longer fits its models ({problem}); "
-                        "call reshard_core.prepare() again on every rank"
-                    )
+                error = ReshardError(
+                    f"the prepared session no longer fits its models ({problem}); call "
+                    "reshard_core.prepare() again on every rank"
+                )
+            with failures.raised_alike():  # a rank whose models changed still joins, with its error
+                start_together(error, o.group, o.timeout)
             return self.report(self.run(cast, version), reused=True, total=time.perf_counter() - start)
 
     def built_for(self, src: Any, dst: Any, signature: tuple) -> bool:

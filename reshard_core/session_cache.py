@@ -80,6 +80,16 @@ def remember(key: tuple, src: Any, dst: Any, signature: tuple, session: Session)
     _sessions[key] = _Cached(session, finalizers)
 
 
+def check_transport(transport: str | CopyService) -> None:
+    """``PluginError``/``ReshardError`` now when ``transport`` names no transport that can run here
+    (before the agreement round, so every rank raises it alike); a ``CopyService`` passes."""
+    if isinstance(transport, CopyService):
+        return
+    reason = get_transport(transport).unavailable_reason()
+    if reason is not None:
+        raise ReshardError(f"transport '{transport}' is unavailable here: {reason}")
+
+
 def transport_for(transport: str | CopyService, group: Any, timeout: float | None) -> CopyService:
     """``transport`` itself when it is a ``CopyService``; else the cached (or a new) instance of
     the registered transport of that name for ``group`` and ``timeout``."""

@@ -50,9 +50,13 @@ def build(src: Model, dst: Model, sides: tuple, options: RefitOptions, choice: F
         problems.errors.append(str(exc))
     if not problems.errors and not problems.unmapped:  # else those name the cause more precisely
         problems.errors += destination_problems(dst_specs, view.rank, o.ignore)
+    transforms: list[ReshardTransform] = []
+    try:
+        transforms = _transforms(dst, dst_specs, o)
+    except Exception as exc:  # a plugin's hook: every rank learns it in the verdict below
+        problems.errors.append(f"{type(exc).__name__}: {exc}")
     with failures.raised_alike():
         raise_if_any(problems, o.group, o.timeout)
-    transforms = _transforms(dst, dst_specs, o)
     seconds["extract"] = time.perf_counter() - t
 
     t = time.perf_counter()

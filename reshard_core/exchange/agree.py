@@ -4,17 +4,25 @@ It tells every rank, from every rank's own view: whether the cached session is s
 everywhere (a change on any rank makes every rank rebuild, never a stale plan), which ranks pass a
 source and a destination model, each rank's model format codes (``build.sides.format_code``) and
 its option digests (``exchange.options``), so that every rank raises the same error on a mismatch.
+
+A rank whose own checks failed before the round (a destination that is no module, a lazy
+parameter, an unknown format or transport) still joins it and says so; then every rank joins a
+second all-gather of those errors and raises the same one (``Agreement.raise_errors``). No rank
+skips the round, so no later collective pairs with the wrong call.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
+from .. import errors
+from ..plan.describe import format_ranks
 from ..refit_group import view_of
 from . import bounded
+from .collective import all_gather_bytes
 
 
 @dataclass(frozen=True)
@@ -29,6 +37,26 @@ class Agreement:
     """Each rank's ``(source, destination)`` format codes, by global rank."""
     digests: dict[int, tuple[int, ...]]
     """Each rank's option digests, by global rank."""
+    errors: dict[int, tuple[str, str]] = field(default_factory=dict)
+    """``(error type name, text)`` of each rank whose own checks failed, by global rank."""
+
+    def raise_errors(self) -> None:
+        """Raise the first failed rank's error (its type when it is one of reshard's), naming every
+        failed rank and its text; the same on every rank. Nothing when no rank failed."""
+        if not self.errors:
+            return
+        by_text: dict[str, list[int]] = {}
+        for rank, (_, text) in sorted(self.errors.items()):
+            by_text.setdefault(text, []).append(rank)
+        parts = [
+            f"rank {r[0]}: {text}" if len(r) == 1 else f"ranks {format_ranks(r)}: {text}"
+            for text, r in by_text.items()
+        ]
+        kind = self.errors[min(self.errors)][0]
+        cls = getattr(errors, kind, None)
+        if not (isinstance(cls, type) and issubclass(cls, errors.ReshardError)):
+            cls = errors.ReshardError
+        raise cls("; ".join(parts))
 
 
 def agree(
@@ -39,12 +67,14 @@ def agree(
     digests: tuple[int, ...],
     group,
     timeout: float | None,
+    error: BaseException | None = None,
 ) -> Agreement:
-    """Share this rank's flags, format ``codes`` and option ``digests`` with every rank of ``group``.
-    Collective; bounded by ``timeout`` when given (``TransportError`` naming the refit's start)."""
+    """Share this rank's flags, format ``codes``, option ``digests`` and own ``error`` (if its checks
+    failed) with every rank of ``group``. Collective; bounded by ``timeout`` when given
+    (``TransportError`` naming the refit's start)."""
     view = view_of(group)
     device = "cuda" if view.backend == "nccl" else "cpu"
-    flags = [int(valid), int(has_src), int(has_dst), *codes, *digests]
+    flags = [int(error is not None), int(valid), int(has_src), int(has_dst), *codes, *digests]
     mine = torch.tensor(flags, dtype=torch.int32, device=device)
     ranks = view.ranks
     gathered = torch.empty(len(flags) * len(ranks), dtype=torch.int32, device=device)
@@ -52,9 +82,41 @@ def agree(
     work = gather(gathered, mine, group=view.pg, async_op=True)
     bounded.wait(work, timeout, group, "refit could not start")
     rows = dict(zip(ranks, gathered.view(len(ranks), len(flags)).cpu().tolist(), strict=True))
+    failed = {}
+    if any(f[0] for f in rows.values()):  # every rank sees it: every rank joins this second round
+        text = "" if error is None else f"{type(error).__name__}\t{' '.join(str(error).split())}"
+        blobs, _, _ = all_gather_bytes(text.encode(), group, timeout, "refit could not start")
+        for rank, blob in zip(ranks, blobs, strict=True):
+            if blob:
+                kind, _, message = blob.decode().partition("\t")
+                failed[rank] = (kind, message)
     return Agreement(
-        valid=all(f[0] for f in rows.values()),
-        sides=(tuple(r for r, f in rows.items() if f[1]), tuple(r for r, f in rows.items() if f[2])),
-        codes={r: (f[3], f[4]) for r, f in rows.items()},
-        digests={r: tuple(f[5:]) for r, f in rows.items()},
+        valid=all(f[1] for f in rows.values()),
+        sides=(tuple(r for r, f in rows.items() if f[2]), tuple(r for r, f in rows.items() if f[3])),
+        codes={r: (f[4], f[5]) for r, f in rows.items()},
+        digests={r: tuple(f[6:]) for r, f in rows.items()},
+        errors=failed,
     )
+
+
+def start_together(error: BaseException | None, group, timeout: float | None) -> None:
+    """The start round of a prepared ``Session.refit``: one all-gather of one flag per rank, and of
+    the errors when a rank's own checks failed; then every rank raises that error alike (``raise
+    _errors``), or every rank goes on. Collective over ``group``, bounded by ``timeout``."""
+    view = view_of(group)
+    device = "cuda" if view.backend == "nccl" else "cpu"
+    mine = torch.tensor([int(error is not None)], dtype=torch.int32, device=device)
+    gathered = torch.empty(len(view.ranks), dtype=torch.int32, device=device)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    work = gather(gathered, mine, group=view.pg, async_op=True)
+    bounded.wait(work, timeout, group, "refit could not start")
+    if not gathered.any():
+        return
+    text = "" if error is None else f"{type(error).__name__}\t{' '.join(str(error).split())}"
+    blobs, _, _ = all_gather_bytes(text.encode(), group, timeout, "refit could not start")
+    failed = {}
+    for rank, blob in zip(view.ranks, blobs, strict=True):
+        if blob:
+            kind, _, message = blob.decode().partition("\t")
+            failed[rank] = (kind, message)
+    Agreement(valid=False, sides=((), ()), codes={}, digests={}, errors=failed).raise_errors()

@@ -169,9 +169,9 @@ def _run(
             try:
                 key, kind, value = channel.get(timeout=min(deadline - now, POLL_S))
             except queue.Empty:
-                if not any(p.is_alive() for p in procs.values()):
-                    if gone:
-                        break  # every process is gone and the queue stayed empty: nothing more can arrive
+                if all(k in out or k in failures or not p.is_alive() for k, p in procs.items()):
+                    if gone:  # every rank reported or is gone, and the queue stayed empty: nothing more
+                        break  # can arrive (a rank that reported may still be tearing down its group)
                     gone = True
                 elif first_failure is None and any(p.exitcode not in (None, 0) for p in procs.values()):
                     first_failure = time.monotonic()

@@ -150,7 +150,7 @@ def _cache_cases(rank: int) -> dict:
         out["redeclared"] = torch.equal(dst.weight, rows(ranks[::-1]))
         out["kept"] = ptr == dst.weight.data_ptr()
         dst.weight = nn.Parameter(torch.zeros(12, 8))  # a new shape: replicated, undeclared
-        out["replaced"] = _error_of(session.refit)
+    out["replaced"] = _error_of(session.refit)  # collective: the idle rank joins too
     reports.append(reshard_core.refit(src, dst))
     if dst is not None:
         out["reshaped"] = torch.equal(dst.weight, full)
@@ -162,7 +162,7 @@ def _cache_cases(rank: int) -> dict:
         del src, dst
         gc.collect()
         out["dropped"] = len(keys) == 1 and keys[0] not in api._sessions
-        out["collected"] = _error_of(session.refit)
+    out["collected"] = _error_of(session.refit)
     return out
 
 
@@ -289,23 +289,24 @@ def test_a_changed_layout_or_shape_misses_the_cache_and_lands_right(results):
 
 
 def test_a_prepared_session_refits_without_agreement_and_refuses_changed_models(results):
+    stale = (
+        "ranks [0-3]: the prepared session no longer fits its models (a tensor was replaced, "
+        "reshaped, moved or re-laid out); call reshard_core.prepare() again on every rank"
+    )
     for rank in range(4):
         facts = results[rank]["cache"]
         assert facts["fast"]
-        assert facts["stale"] == (
-            f"rank {rank}: the prepared session no longer fits its models (a tensor was replaced, "
-            "reshaped, moved or re-laid out); call reshard_core.prepare() again on every rank"
-        )
         assert facts["stale_untouched"]  # refused before any data moved
+    for rank in range(WORLD):  # the idle rank holds no model, and raises the others' error alike
+        facts = results[rank]["cache"]
+        assert facts["stale"] == stale
         assert facts["replaced"] == facts["stale"]  # a parameter object swapped for another
         assert facts["collected"] == (
-            f"rank {rank}: the prepared session no longer fits its models (a model it was prepared "
+            "ranks [0-3]: the prepared session no longer fits its models (a model it was prepared "
             "for was garbage collected); call reshard_core.prepare() again on every rank"
         )
-    assert results[4]["cache"]["stale"] is None  # the idle rank holds no model: nothing to refuse
-    for rank in range(WORLD):
         assert results[rank]["swapped"] == (
-            f"rank {rank}: the prepared session no longer fits its models (a submodule was replaced, "
+            "ranks [0-4]: the prepared session no longer fits its models (a submodule was replaced, "
             "added or removed); call reshard_core.prepare() again on every rank",
             True,
         )
