@@ -7,6 +7,7 @@ killed returns nothing.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -43,11 +44,42 @@ def _kill_self() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def killed_job(rank: int, world: int, url: str, model_dir: str, phase: str, seed: int, outdir: str) -> str:
-    """Rank 0 is SIGKILLed at ``phase`` of its first update; every other rank records its error."""
+def _load(model: Any, seed: int) -> None:
+    """Set the FSDP2 ``model``'s weights to ``model_for(seed)``'s (every rank, collective)."""
+    import torch
+    from torch.distributed.tensor import distribute_tensor
+
+    full = model_for(_config("llama"), seed).state_dict()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(distribute_tensor(full[name], param.device_mesh, param.placements))
+
+
+def _good_round(engine: Any, rank: int, url: str, model_dir: str, version: str, outdir: str) -> None:
+    """One update that must land; rank 0 writes the engine's greedy answer afterwards to
+    ``<outdir>/good.json`` (tokens, logprobs) for the test to check against transformers."""
+    from vllm_harness import completions
+    from vllm_jobs import NEW_TOKENS, PROMPT
+
+    engine.send_weights(version=version)
+    if rank == 0:
+        tokens, logprobs = completions(url, model_dir, PROMPT, NEW_TOKENS)
+        Path(outdir, "good.json").write_text(json.dumps([tokens, logprobs]))
+    dist.barrier()
+
+
+def killed_job(
+    rank: int, world: int, url: str, model_dir: str, phase: str, seeds: list[int], outdir: str
+) -> str:
+    """A fresh job: one good update (``model_for(seeds[0])``, version ``good-<phase>``), then rank 0
+    is SIGKILLed at ``phase`` of the next (``model_for(seeds[1])``); every other rank records its
+    error."""
     from reshard_core.testing.world import outcome
 
-    engine = _engine(rank, world, url, 0, _fsdp_model(seed), timeout=8)
+    model = _fsdp_model(seeds[0])
+    engine = _engine(rank, world, url, 0, model, timeout=8)
+    _good_round(engine, rank, url, model_dir, f"good-{phase}", outdir)
+    _load(model, seeds[1])
     if rank == 0:
         client = engine.client
         if phase == "after-start":
@@ -84,8 +116,7 @@ def takeover_job(
 
     model = _fsdp_model(seeds[0])
     engine = _engine(rank, world, url, 0, model)
-    engine.send_weights(version="A-1")
-    dist.barrier()
+    _good_round(engine, rank, url, model_dir, "A-1", outdir)
     if rank == 0:
         Path(go).touch()
     deadline = time.monotonic() + 300
@@ -95,29 +126,37 @@ def takeover_job(
 
 
 def alternating_job(
-    rank: int, world: int, url: str, model_dir: str, seeds: list[int], modes: list, rounds: int, gap: float
+    rank: int, world: int, url: str, model_dir: str, seeds: list[int], modes: list, rounds: int, gap: float,
+    long: int,
 ) -> dict:
-    """For each pause mode of ``modes`` in turn (announced with ``emit("pause", mode)``, then
-    ``emit("pause", "done")``): ``rounds`` updates alternating between the models of ``seeds``,
-    ``gap`` seconds apart. Returns each mode's update seconds."""
-    import torch
-    from torch.distributed.tensor import distribute_tensor
+    """First the engine's greedy answer (``long`` tokens, with logprobs) with each model of ``seeds``
+    loaded alone, sent as ``emit("references", {seed: answer})``; then, for each pause mode of
+    ``modes`` in turn (announced with ``emit("pause", mode)``, then ``emit("pause", "done")``):
+    ``rounds`` updates alternating between those models, ``gap`` seconds apart. Returns each mode's
+    update seconds."""
+    from vllm_harness import completions
+    from vllm_jobs import PROMPT
 
     from reshard_core.testing.world import emit
 
     model = _fsdp_model(seeds[0])
     engine = _engine(rank, world, url, 0, model)
-    states = [model_for(_config("llama"), seed).state_dict() for seed in seeds]
+    references = {}
+    for seed in seeds:  # the engine's answer with each model, before any request runs alongside
+        _load(model, seed)
+        engine.send_weights(version=f"reference-{seed}")
+        if rank == 0:
+            references[seed] = completions(url, model_dir, PROMPT, long)
+        dist.barrier()
+    if rank == 0:
+        emit("references", references)
     seconds: dict = {}
     for mode in modes:
         dist.barrier()
         if rank == 0:
             emit("pause", mode)
         for k in range(rounds):
-            full = states[k % len(states)]
-            with torch.no_grad():
-                for name, param in model.named_parameters():
-                    param.copy_(distribute_tensor(full[name], param.device_mesh, param.placements))
+            _load(model, seeds[k % len(seeds)])
             sent = engine.send_weights(version=f"{seeds[k % len(seeds)]}", pause=mode)
             seconds.setdefault(str(mode), []).append(round(sent.seconds, 3))
             time.sleep(gap)

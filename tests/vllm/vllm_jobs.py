@@ -243,9 +243,10 @@ def _build_gpt(config: Any, *, tp: int, ep: int) -> Any:
     )  # fmt: skip
 
 
-def cast_job(rank: int, world: int, url: str, model_dir: str, seed: int, cast: bool) -> Any:
-    """A bfloat16 FSDP2 trainer refits the float32 engine with ``send_weights(cast=cast)``; returns
-    each rank's outcome, and on rank 0 also the engine's greedy answer afterwards."""
+def cast_job(rank: int, world: int, url: str, model_dir: str, seed: int) -> Any:
+    """A bfloat16 FSDP2 trainer refits the float32 engine: first without ``cast`` (refused), then
+    with ``cast=True``. Returns each rank's two outcomes, and on rank 0 the engine's greedy answer
+    before and after each."""
     from torch.distributed.fsdp import fully_shard
     from vllm_harness import completions
 
@@ -256,6 +257,11 @@ def cast_job(rank: int, world: int, url: str, model_dir: str, seed: int, cast: b
         fully_shard(layer)
     fully_shard(model)
     engine = _engine(rank, world, url, 0, model)
-    text = outcome(lambda: engine.send_weights(cast=cast))
+    answers = [completions(url, model_dir, PROMPT, NEW_TOKENS) if rank == 0 else None]
+    outcomes = []
+    for cast in (False, True):
+        outcomes.append(outcome(lambda cast=cast: engine.send_weights(cast=cast)))
+        dist.barrier()
+        answers.append(completions(url, model_dir, PROMPT, NEW_TOKENS) if rank == 0 else None)
     engine.shutdown()
-    return text, completions(url, model_dir, PROMPT, NEW_TOKENS) if rank == 0 else None
+    return outcomes, answers
