@@ -77,7 +77,7 @@ def killed_job(
     from reshard_core.testing.world import outcome
 
     model = _fsdp_model(seeds[0])
-    engine = _engine(rank, world, url, 0, model, timeout=8)
+    engine = _engine(rank, world, url, 0, model, timeout=5)
     _good_round(engine, rank, url, model_dir, f"good-{phase}", outdir)
     _load(model, seeds[1])
     if rank == 0:
