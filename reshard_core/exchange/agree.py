@@ -82,14 +82,7 @@ def agree(
     work = gather(gathered, mine, group=view.pg, async_op=True)
     bounded.wait(work, timeout, group, "refit could not start")
     rows = dict(zip(ranks, gathered.view(len(ranks), len(flags)).cpu().tolist(), strict=True))
-    failed = {}
-    if any(f[0] for f in rows.values()):  # every rank sees it: every rank joins this second round
-        text = "" if error is None else f"{type(error).__name__}\t{' '.join(str(error).split())}"
-        blobs, _, _ = all_gather_bytes(text.encode(), group, timeout, "refit could not start")
-        for rank, blob in zip(ranks, blobs, strict=True):
-            if blob:
-                kind, _, message = blob.decode().partition("\t")
-                failed[rank] = (kind, message)
+    failed = _gather_errors(error, group, timeout) if any(f[0] for f in rows.values()) else {}
     return Agreement(
         valid=all(f[1] for f in rows.values()),
         sides=(tuple(r for r, f in rows.items() if f[2]), tuple(r for r, f in rows.items() if f[3])),
@@ -110,13 +103,18 @@ def start_together(error: BaseException | None, group, timeout: float | None) ->
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     work = gather(gathered, mine, group=view.pg, async_op=True)
     bounded.wait(work, timeout, group, "refit could not start")
-    if not gathered.any():
-        return
+    if gathered.any():  # every rank sees it: every rank joins the errors' round
+        errors = _gather_errors(error, group, timeout)
+        Agreement(valid=False, sides=((), ()), codes={}, digests={}, errors=errors).raise_errors()
+
+
+def _gather_errors(error: BaseException | None, group, timeout: float | None) -> dict[int, tuple[str, str]]:
+    """``(type name, text)`` of each rank's own ``error``, by global rank (collective over ``group``)."""
     text = "" if error is None else f"{type(error).__name__}\t{' '.join(str(error).split())}"
     blobs, _, _ = all_gather_bytes(text.encode(), group, timeout, "refit could not start")
     failed = {}
-    for rank, blob in zip(view.ranks, blobs, strict=True):
+    for rank, blob in zip(view_of(group).ranks, blobs, strict=True):
         if blob:
             kind, _, message = blob.decode().partition("\t")
             failed[rank] = (kind, message)
-    Agreement(valid=False, sides=((), ()), codes={}, digests={}, errors=failed).raise_errors()
+    return failed
