@@ -15,8 +15,10 @@ one spawner of the project: tests, examples, ``reshard demo`` and ``reshard benc
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import os
 import queue
+import signal
 import socket
 import time
 import traceback
@@ -30,6 +32,10 @@ __all__ = ["WorldError", "WorldStopped", "emit", "free_port", "outcome", "run_jo
 
 POLL_S = 0.2
 """How often the parent looks at its ranks (and asks the watchdog) while no message arrives."""
+
+STACKS_SIGNAL = getattr(signal, "SIGUSR1", None)
+"""Asks a rank to print every thread's stack to its stderr: sent to the ranks still running when a
+world's ``timeout`` ends, before they are killed, so a hang says where it hung."""
 
 _channel: tuple[tuple[int, int], Any] | None = None
 """In a spawned rank: its ``(job, rank)`` key and the queue to the parent (for ``emit``)."""
@@ -72,6 +78,8 @@ def _entry(key, rank, world_size, port, pg_timeout, fn, args, channel):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     torch.set_num_threads(1)
     _channel = (key, channel)
+    if STACKS_SIGNAL is not None:
+        faulthandler.register(STACKS_SIGNAL, all_threads=True)
     try:
         dist.init_process_group(
             "gloo",
@@ -186,6 +194,8 @@ def _run(
                 first_failure = first_failure if first_failure is not None else time.monotonic()
     finally:
         exit_codes = {k: p.exitcode for k, p in procs.items()}  # read before _end kills the stuck ones
+        if stopped is None and not cut_short and time.monotonic() >= deadline:
+            _dump_stacks([p for k, p in procs.items() if k not in out and k not in failures])
         _end(list(procs.values()), quick=stopped is not None or cut_short)
     if stopped is not None:
         raise WorldStopped(stopped)
@@ -227,6 +237,19 @@ def _environment(env: Mapping[str, str]) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _dump_stacks(procs: list[Any]) -> None:
+    """Have each rank still running print its threads' stacks (to its stderr), and give it a moment."""
+    alive = [p for p in procs if p.is_alive()]
+    if STACKS_SIGNAL is None or not alive:
+        return
+    for p in alive:  # one at a time: their stacks would interleave on the shared stderr
+        try:
+            os.kill(p.pid, STACKS_SIGNAL)
+        except OSError:  # it exited meanwhile
+            continue
+        time.sleep(0.5)
 
 
 def _end(procs: list[Any], quick: bool) -> None:
