@@ -317,7 +317,11 @@ class _Pauser:
         base = getattr(client, "base_url", None)
         if isinstance(base, str):
             base = base.rstrip("/")
-            return cls(lambda mode: _post(f"{base}/pause?mode={mode}"), lambda: _post(f"{base}/resume"))
+            # as long as the client waits for the engine's other calls (vLLM's HTTP client: 300 s)
+            wait = float(getattr(client, "timeout", None) or 300.0)
+            return cls(
+                lambda mode: _post(f"{base}/pause?mode={mode}", wait), lambda: _post(f"{base}/resume", wait)
+            )
         if isinstance(client, LLMClient):
             return cls(lambda mode: None, lambda: None)
         return cls(None, lambda: None)
@@ -338,13 +342,14 @@ class _Pauser:
         self._resume()
 
 
-def _post(url: str) -> None:
-    """POST to the engine's server (its error body, if any, in the raised error)."""
+def _post(url: str, timeout: float) -> None:
+    """POST to the engine's server, waiting at most ``timeout`` s (its error body, if any, in the
+    raised error)."""
     import urllib.error
     import urllib.request
 
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"), timeout=600):
+        with urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"), timeout=timeout):
             pass
     except urllib.error.HTTPError as exc:
         raise ReshardError(f"HTTP {exc.code}: {exc.read()[:500].decode(errors='replace')}") from None
