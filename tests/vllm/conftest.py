@@ -31,6 +31,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(skip)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A failed test that used a shared server shows the end of that server's log."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed:
+        return
+    from vllm_harness import _tail
+
+    for name in ("llama_tp2_server", "llama_tp1_server"):
+        server = getattr(item, "funcargs", {}).get(name)
+        if server is not None:
+            report.sections.append((f"{name} log (end)", _tail(server.log_path, 40)))
+
+
 @pytest.fixture(scope="session")
 def llama_tp2_server(tmp_path_factory):
     """One ``vllm serve`` of the tiny Llama at TP2 with backend "reshard", shared by every test that
