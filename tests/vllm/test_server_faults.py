@@ -153,7 +153,7 @@ ROUNDS = 3
 """Updates per pause mode, alternating between the two models."""
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(720)
 def test_completions_across_updates_under_each_pause_mode(llama_tp2_server) -> None:
     """Completions run one after another while one trainer job alternates two models, ``ROUNDS``
     updates under each pause mode in turn. Under "wait" (the default) and "abort" no completion mixes the
@@ -183,7 +183,7 @@ def test_completions_across_updates_under_each_pause_mode(llama_tp2_server) -> N
     asker.start()
     try:
         [seconds, _] = run_world(
-            alternating_job, 2, server.url, server.model_dir, seeds, MODES, ROUNDS, 0.4, LONG, timeout=360,
+            alternating_job, 2, server.url, server.model_dir, seeds, MODES, ROUNDS, 0.4, LONG, timeout=480,
             on_event=on_event,
         )  # fmt: skip
     finally:
