@@ -63,6 +63,7 @@ _EXPORTS = {
     # refit API
     "refit": "api",
     "prepare": "api",
+    "refuse_refit": "api",
     "weight_version": "versions",
     "RefitOptions": "options",
     "Session": "session",

@@ -17,7 +17,7 @@ Where the rest lives: ``options`` (``RefitOptions``), ``session`` (``Session``),
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from . import session_cache
 from .build.pipeline import build
@@ -34,7 +34,7 @@ from .refit_group import view_of
 from .report import RefitReport
 from .session import Session
 
-__all__ = ["RefitOptions", "RefitReport", "Session", "clear_caches", "prepare", "refit"]
+__all__ = ["RefitOptions", "RefitReport", "Session", "clear_caches", "prepare", "refit", "refuse_refit"]
 
 
 def refit(
@@ -103,6 +103,24 @@ def prepare(src: Model, dst: Model, options: RefitOptions | None = None, **choic
     o = RefitOptions.of(options, **choices)
     with failures.watched(o.group):
         return _session(src, dst, o)[0]
+
+
+def refuse_refit(error: BaseException, options: RefitOptions | None = None, **choices: Any) -> NoReturn:
+    """Take part in a refit that this rank cannot run, carrying ``error``: the rank joins the
+    agreement round that the other ranks' ``refit`` opens, with its error, and every rank of the
+    group (this one included) raises it alike, naming this rank, before any data moves. Use it when
+    a rank's own preparation failed before it could call ``refit`` (its peers would otherwise wait
+    out the timeout, and their abandoned collective would break the group for the next refit).
+    ``options``/``choices``: the group, transport and timeout, as for ``refit``. Always raises."""
+    o = RefitOptions.of(options, **choices)
+    reason = error if isinstance(error, ReshardError) else ReshardError(f"{type(error).__name__}: {error}")
+    with failures.watched(o.group):
+        view_of(o.group)
+        digests = (0,) * len(OPTION_NAMES)  # not compared: the error is raised first
+        agreed = agree(False, False, False, (0, 0), digests, o.group, o.timeout, error=reason)
+        with failures.raised_alike():
+            agreed.raise_errors()
+    raise reason  # raise_errors raised this rank's own error above; kept for the type checker
 
 
 def clear_caches() -> None:

@@ -4,7 +4,8 @@ on every rank, and good attempts after bad ones are exact.
 One 3-rank Gloo world runs every case one after another, as a long job would meet them: rank 0
 holds the (8, 4) source, ranks 1 and 2 hold 4-row halves of the destination. For each kind of
 rank-local error, rank 1 fails on its own for one attempt, then for two, and then every rank makes
-three good attempts. A rank whose own checks fail still joins the refit's agreement round and
+three good attempts; the last kind is a rank that calls ``refuse_refit`` with its own error instead
+of ``refit``. A rank whose own checks fail still joins the refit's agreement round and
 carries its error there, so every rank raises that rank's text and no later collective pairs with
 the wrong call (before, ranks 0 and 2 reported success for the failed attempt, and later attempts
 timed out or killed a rank with a Gloo collective mismatch).
@@ -31,6 +32,7 @@ KINDS = {
     "unknown_format": "PluginError: rank 1: unknown model format 'no-such-format'",
     "unknown_transport": "PluginError: rank 1: unknown transport 'carrier-pigeon'",
     "plugin_hook": "PlanError: rank [1]: RuntimeError: the transforms hook of a plugin broke",
+    "refused": "ReshardError: rank 1: RuntimeError: its receive buffers could not be allocated",
 }
 """What every rank raises when rank 1 fails in that way (the start of the text)."""
 
@@ -78,6 +80,8 @@ def _attempt(rank: int, kind: str | None) -> str:
         elif kind == "plugin_hook":
             hook = reshard_core.register_plugin(_BrokenHook(), name="broken-hook")
     try:
+        if rank == 1 and kind == "refused":  # its own preparation failed: it joins the refit to say so
+            reshard_core.refuse_refit(RuntimeError("its receive buffers could not be allocated"), **options)
         reshard_core.refit(src, dst, **options)
     except reshard_core.ReshardError as exc:
         return f"{type(exc).__name__}: {exc}"
