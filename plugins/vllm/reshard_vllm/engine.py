@@ -135,14 +135,18 @@ class ReshardWeightTransferEngine(WeightTransferEngine[ReshardInitInfo, ReshardU
         start = time.perf_counter()
         mine = ok()
         update: LayerwiseUpdate | InPlaceUpdate | None = None
+        options = reshard_core.RefitOptions(
+            group=self.group, transport=self.info.transport, timeout=self.info.timeout,
+            delta=bool(update_info.delta), cast=bool(update_info.cast),
+        )  # fmt: skip
         try:
-            update = self._update()
-            update.open()
-            declare_vllm(self.model, engine_parallel(self.model, dist.get_rank()))
-            report = reshard_core.refit(
-                None, self.model, group=self.group, transport=self.info.transport, timeout=self.info.timeout,
-                delta=bool(update_info.delta), cast=bool(update_info.cast),
-            )  # fmt: skip
+            try:
+                update = self._update()
+                update.open()
+                declare_vllm(self.model, engine_parallel(self.model, dist.get_rank()))
+            except Exception as exc:  # every rank of the refit learns it in its first round
+                reshard_core.refuse_refit(exc, options)
+            report = reshard_core.refit(None, self.model, options)
             if not report.reused_plan or self._held is None:  # the held bytes change with the plan only
                 self._held = _held_bytes(self.model)
             mine = ok(report.bytes_received, self._held)
@@ -159,12 +163,29 @@ class ReshardWeightTransferEngine(WeightTransferEngine[ReshardInitInfo, ReshardU
 
     def finish_weight_update(self) -> None:
         """Apply the staged update to the live weights (every worker received it) and record its
-        version; the weights and the version change in this one call."""
+        version; the weights and the version change in this one call.
+
+        Two steps, so that the workers apply the update together or not at all: each worker first
+        opens its reload over the receive buffers (what can fail before a live tensor changes), then
+        every worker learns whether all of them could; only then does each one process its layers.
+        A worker that could not open makes every worker close its reload untouched and raise."""
         staged, self.staged = self.staged, None
-        if staged is None:
+        update: LayerwiseUpdate | InPlaceUpdate | None = None
+        error = ""
+        try:
+            if staged is not None:
+                update = self._update()
+                update.open()  # the parameters are backed by the receive buffers, which hold the update
+        except Exception as exc:
+            error = " ".join(str(exc).split()) or type(exc).__name__
+        failed = [(rank, text) for rank, text in enumerate(rpc_guard.worker_texts(error)) if text]
+        if failed:
+            if update is not None:
+                update.rollback()
+            texts = "; ".join(f"worker {rank} could not open its update: {text}" for rank, text in failed)
+            raise ReshardError(f"reshard: no worker applied the update (the previous weights stay): {texts}")
+        if update is None:
             return
-        update = self._update()
-        update.open()  # the parameters are backed by the receive buffers, which hold the update
         update.commit()
         self.version = staged.version
 

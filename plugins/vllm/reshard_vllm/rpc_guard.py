@@ -79,7 +79,7 @@ def answer_alike(worker: Any, engine: Any, name: str, call: Callable[[], Any]) -
         call()
     except Exception as exc:
         error = _one_line(exc)
-    failures = [(rank, text) for rank, text in enumerate(_gather(error)) if text]
+    failures = [(rank, text) for rank, text in enumerate(worker_texts(error)) if text]
     if not failures:
         return None
     if name in _UPDATE_CALLS:
@@ -107,8 +107,9 @@ def _message(name: str, failures: list[tuple[int, str]]) -> str:
     return f"{name} failed: " + "; ".join(f"worker {rank}: {text}" for rank, text in failures)
 
 
-def _gather(text: str) -> list[str]:
-    """Every worker's ``text``, over vLLM's own CPU group (every worker runs the same RPC)."""
+def worker_texts(text: str) -> list[str]:
+    """Every worker's ``text``, in rank order, over vLLM's own CPU group (collective: every worker
+    runs the same RPC, and must call it whatever failed before)."""
     import torch.distributed as dist
     from vllm.distributed.parallel_state import get_world_group
 

@@ -94,6 +94,7 @@ class ReshardTrainerWeightTransferEngine(TrainerWeightTransferEngine[ReshardTrai
                     job_ranks=range(init_info.trainer_world_size), timeout=init_info.timeout,
                 )  # fmt: skip
             except ReshardError as exc:
+                call.wait()  # the engine's own error names the cause (a worker that failed to join)
                 raise ReshardError(f"reshard: trainer_init failed: {exc}{call.failure_note()}") from exc
             call.wait()
         mine = call.outcome("init_weight_transfer_engine")

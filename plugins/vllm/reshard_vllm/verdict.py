@@ -27,8 +27,14 @@ class Verdict:
     seconds: float = 0.0
 
     def message(self) -> str:
-        """One line naming every failed rank and its error."""
-        parts = [f"rank {r}: {text}" for r, text in sorted(self.failures.items())]
+        """One line naming every failed rank and its error (ranks that failed alike share one entry)."""
+        by_text: dict[str, list[int]] = {}
+        for rank, text in sorted(self.failures.items()):
+            by_text.setdefault(text, []).append(rank)
+        parts = [
+            f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {text}"
+            for text, ranks in by_text.items()
+        ]
         return "weight update failed, previous weights kept on every worker: " + "; ".join(parts)
 
 
