@@ -53,7 +53,11 @@ def llama_tp2_server(tmp_path_factory):
     start-ups are expensive, and the faults must leave an engine that later jobs can use."""
     from vllm_jobs import served
 
-    with served(tmp_path_factory.mktemp("llama"), "llama", tp=2) as server:
+    faults = {  # lets a test make one engine call fail on chosen workers (fault_injection.py)
+        "extra_args": ["--worker-extension-cls", "fault_injection.FaultInjection"],
+        "env": {"PYTHONPATH": os.pathsep.join(p for p in (_HERE, os.environ.get("PYTHONPATH")) if p)},
+    }
+    with served(tmp_path_factory.mktemp("llama"), "llama", tp=2, **faults) as server:
         yield server
 
 

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -165,3 +166,55 @@ def alternating_job(
         emit("pause", "done")
     engine.shutdown()
     return seconds
+
+
+WORKER_FAULTS = tuple(
+    (call, ranks) for call in ("start", "update", "finish", "init") for ranks in ("1", "0,1")
+)
+"""``(call, workers)``: each engine call failing on worker 1 only, then on both (``fault_injection``)."""
+
+
+def worker_fault_job(rank: int, world: int, url: str, model_dir: str, seeds: list[int]) -> dict:
+    """One update that lands (``model_for(seeds[0])``, version ``before-faults``); then, with
+    ``model_for(seeds[1])`` loaded, each case of ``WORKER_FAULTS`` in turn: rank 0 arms the fault,
+    and every rank records the outcome of ``send_weights`` (or, for "init", of a new
+    ``trainer_init``); rank 0 then records what the engine serves and its version. Last, a new
+    ``trainer_init`` and one update that lands (version ``after-faults``). Returns on every rank
+    ``{"outcomes": {case: text}}``, and on rank 0 also ``"good"``, ``"served"`` (``{case: [tokens,
+    version]}``) and ``"last"`` (tokens, logprobs, version)."""
+    from vllm_harness import completions, post_json
+    from vllm_jobs import NEW_TOKENS, PROMPT
+
+    from reshard_core.testing.world import outcome
+
+    def served() -> list:
+        with urllib.request.urlopen(url + "/weight_info", timeout=30) as answer:
+            version = json.loads(answer.read())["weight_version"]
+        return [*completions(url, model_dir, PROMPT, NEW_TOKENS), version]
+
+    model = _fsdp_model(seeds[0])
+    engine = _engine(rank, world, url, 0, model, timeout=5)
+    engine.send_weights(version="before-faults")
+    out: dict = {"outcomes": {}, "served": {}}
+    if rank == 0:
+        out["good"] = served()
+    _load(model, seeds[1])
+    for call, ranks in WORKER_FAULTS:
+        case = f"{call}@{ranks}"
+        if rank == 0:
+            post_json(url + "/collective_rpc", {"method": "reshard_arm_fault", "args": [call, ranks]})
+        dist.barrier()
+        if call == "init":
+            engine.shutdown()
+            out["outcomes"][case] = outcome(lambda: _engine(rank, world, url, 0, model, timeout=5))
+        else:
+            out["outcomes"][case] = outcome(lambda case=case: engine.send_weights(version=case))
+        if rank == 0:
+            out["served"][case] = served()
+        dist.barrier()
+    engine = _engine(rank, world, url, 0, model, timeout=5)
+    engine.send_weights(version="after-faults")
+    if rank == 0:
+        out["last"] = served()
+    engine.shutdown()
+    return out

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import vllm_harness as T
-from fault_jobs import KILL_PHASES, alternating_job, killed_job, takeover_job
+from fault_jobs import KILL_PHASES, WORKER_FAULTS, alternating_job, killed_job, takeover_job, worker_fault_job
 from vllm_jobs import DTYPE, LOGPROB_ATOL, NEW_TOKENS, PROMPT, hf_fsdp_job, model_for
 
 from reshard_core.testing.world import WorldError, run_world
@@ -111,6 +111,35 @@ def test_the_tp1_engine_survives_malformed_inits_and_a_killed_trainer(llama_tp1_
     _malformed_inits(server)
     _killed(server, "mid-update", [43, 53], tmp_path / "mid-update")
     _fresh_job_is_served(server, 59)
+
+
+def test_a_call_failing_on_one_worker_or_both_is_refused_alike_and_the_weights_stay(llama_tp2_server) -> None:
+    """Each engine call (start, update, finish, init) made to fail on worker 1 only, then on both
+    (``fault_injection``): every trainer rank raises, naming exactly the workers that failed; the
+    engine keeps serving the weights and the version of the last update that landed (never worker
+    0's half of a new one); and the next call is answered by its own replies, up to a new init and
+    an update that is served (checked against transformers)."""
+    server = llama_tp2_server
+    seeds = [63, 64]
+    [first, second] = run_world(worker_fault_job, 2, server.url, server.model_dir, seeds, timeout=600)
+    good = first["good"]
+    assert good[2] == "before-faults"
+    for call, workers in WORKER_FAULTS:
+        case = f"{call}@{workers}"
+        texts = [first["outcomes"][case], second["outcomes"][case]]
+        for rank, text in enumerate(texts):
+            assert text.startswith("ReshardError: "), (case, rank, text)
+            named = [w for w in ("0", "1") if f"injected fault: {call} on worker {w}" in text]
+            if call != "init" or rank == 0:  # rank 1 of a failed init hears only that the group did not form
+                assert named == workers.split(","), (case, rank, text)
+        if call == "init":
+            assert "trainer_init failed" in texts[0] and "trainer_init failed" in texts[1], texts
+        else:
+            assert texts[0] == texts[1], (case, texts)  # the same words on every trainer rank
+        assert first["served"][case] == good, f"{case}: the engine serves something else than before"
+    tokens, logprobs, version = first["last"]
+    assert version == "after-faults"
+    _check_served(tokens, logprobs, seeds[1])
 
 
 def _takeover(server, outdir: Path) -> None:

@@ -185,14 +185,15 @@ def check_rounds(rounds: list, kind: str = "llama", workers: tuple[int, ...] = (
 
 
 @contextmanager
-def served(path: Any, kind: str, tp: int) -> Iterator[Any]:
+def served(path: Any, kind: str, tp: int, **options: Any) -> Iterator[Any]:
     """A running ``vllm serve`` of the tiny ``kind`` model (dummy weights, ``DTYPE``) at TP ``tp``
-    with backend "reshard"; stopped (every process of it) on exit."""
+    with backend "reshard"; stopped (every process of it) on exit. ``options``: more of
+    ``VLLMServer``'s (``extra_args``, ``env``)."""
     from vllm_harness import VLLMServer, write_model_dir
 
     model_dir = write_model_dir(path, _config(kind))
     with VLLMServer(
-        model_dir, tp=tp, weight_transfer_backend="reshard", startup_timeout=600, dtype=DTYPE
+        model_dir, tp=tp, weight_transfer_backend="reshard", startup_timeout=600, dtype=DTYPE, **options
     ) as server:
         print(f"{kind} server at TP{tp} started in {server.startup_seconds:.1f} s")
         yield server
