@@ -175,13 +175,14 @@ WORKER_FAULTS = tuple(
 
 
 def worker_fault_job(rank: int, world: int, url: str, model_dir: str, seeds: list[int]) -> dict:
-    """One update that lands (``model_for(seeds[0])``, version ``before-faults``); then, with
+    """``send_weights`` before ``trainer_init`` (its outcome: ``"before-init"``); one update that
+    lands (``model_for(seeds[0])``, version ``before-faults``); then, with
     ``model_for(seeds[1])`` loaded, each case of ``WORKER_FAULTS`` in turn: rank 0 arms the fault,
     and every rank records the outcome of ``send_weights`` (or, for "init", of a new
     ``trainer_init``); rank 0 then records what the engine serves and its version. Last, a new
     ``trainer_init`` and one update that lands (version ``after-faults``). Returns on every rank
-    ``{"outcomes": {case: text}}``, and on rank 0 also ``"good"``, ``"served"`` (``{case: [tokens,
-    version]}``) and ``"last"`` (tokens, logprobs, version)."""
+    ``{"before-init": text, "outcomes": {case: text}}``, and on rank 0 also ``"good"``,
+    ``"served"`` (``{case: [tokens, version]}``) and ``"last"`` (tokens, logprobs, version)."""
     from vllm_harness import completions, post_json
     from vllm_jobs import NEW_TOKENS, PROMPT
 
@@ -192,10 +193,14 @@ def worker_fault_job(rank: int, world: int, url: str, model_dir: str, seeds: lis
             version = json.loads(answer.read())["weight_version"]
         return [*completions(url, model_dir, PROMPT, NEW_TOKENS), version]
 
+    from reshard_vllm import ReshardTrainerWeightTransferEngine
+
     model = _fsdp_model(seeds[0])
+    out: dict = {"outcomes": {}, "served": {}}
+    uninitialised = ReshardTrainerWeightTransferEngine(client=None, source=model)
+    out["before-init"] = outcome(lambda: uninitialised.send_weights())
     engine = _engine(rank, world, url, 0, model, timeout=5)
     engine.send_weights(version="before-faults")
-    out: dict = {"outcomes": {}, "served": {}}
     if rank == 0:
         out["good"] = served()
     _load(model, seeds[1])

@@ -114,7 +114,8 @@ def test_the_tp1_engine_survives_malformed_inits_and_a_killed_trainer(llama_tp1_
 
 
 def test_a_call_failing_on_one_worker_or_both_is_refused_alike_and_the_weights_stay(llama_tp2_server) -> None:
-    """Each engine call (start, update, finish, init) made to fail on worker 1 only, then on both
+    """``send_weights`` before ``trainer_init`` is refused. Then each engine call (start, update,
+    finish, init) made to fail on worker 1 only, then on both
     (``fault_injection``): every trainer rank raises, naming exactly the workers that failed; the
     engine keeps serving the weights and the version of the last update that landed (never worker
     0's half of a new one); and the next call is answered by its own replies, up to a new init and
@@ -122,6 +123,11 @@ def test_a_call_failing_on_one_worker_or_both_is_refused_alike_and_the_weights_s
     server = llama_tp2_server
     seeds = [63, 64]
     [first, second] = run_world(worker_fault_job, 2, server.url, server.model_dir, seeds, timeout=600)
+    for ranks_out in (first, second):  # a misuse first: refused on the spot, before the engine is asked
+        assert ranks_out["before-init"] == (
+            "ReshardError: reshard: send_weights() before trainer_init(); initialise the transfer engine "
+            "first"
+        )
     good = first["good"]
     assert good[2] == "before-faults"
     for call, workers in WORKER_FAULTS:

@@ -152,11 +152,6 @@ def _failing(rank: int, world: int, url: str, port: int, case: str) -> str:
         if rank == 1:
             os._exit(3)
         return outcome(lambda: engine.send_weights())
-    if case == "before-init":
-        from reshard_vllm import ReshardTrainerWeightTransferEngine
-
-        engine = ReshardTrainerWeightTransferEngine(client=None, source=model_for(_config("llama"), 97))
-        return outcome(lambda: engine.send_weights())
     raise ValueError(case)
 
 
