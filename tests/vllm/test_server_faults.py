@@ -94,6 +94,7 @@ def _killed(server, phase: str, seeds: list[int], outdir: Path) -> None:
         assert _serving(server) == tokens, f"{phase}: the engine serves neither the old weights nor the new"
 
 
+@pytest.mark.timeout(900)  # with the server's start-up: 170-190 s here, more on a loaded machine
 def test_the_tp2_engine_survives_every_fault_in_a_row(llama_tp2_server, tmp_path) -> None:
     """Malformed inits; a trainer killed at each phase of an update (each trainer's first update,
     checked by generation, shows the engine recovered from the fault before); a second trainer
