@@ -41,22 +41,28 @@ class Agreement:
     """``(error type name, text)`` of each rank whose own checks failed, by global rank."""
 
     def raise_errors(self) -> None:
-        """Raise the first failed rank's error (its type when it is one of reshard's), naming every
-        failed rank and its text; the same on every rank. Nothing when no rank failed."""
-        if not self.errors:
-            return
-        by_text: dict[str, list[int]] = {}
-        for rank, (_, text) in sorted(self.errors.items()):
-            by_text.setdefault(text, []).append(rank)
-        parts = [
-            f"rank {r[0]}: {text}" if len(r) == 1 else f"ranks {format_ranks(r)}: {text}"
-            for text, r in by_text.items()
-        ]
-        kind = self.errors[min(self.errors)][0]
-        cls = getattr(errors, kind, None)
-        if not (isinstance(cls, type) and issubclass(cls, errors.ReshardError)):
-            cls = errors.ReshardError
-        raise cls("; ".join(parts))
+        """``raise_errors(self.errors)``: the same on every rank; nothing when no rank failed."""
+        raise_errors(self.errors)
+
+
+def raise_errors(failed: dict[int, tuple[str, str]]) -> None:
+    """Raise the first failed rank's error (its type when it is one of reshard's), naming every
+    failed rank and its text (``failed``: ``(type name, text)`` by rank, as every rank gathered it);
+    nothing when ``failed`` is empty."""
+    if not failed:
+        return
+    by_text: dict[str, list[int]] = {}
+    for rank, (_, text) in sorted(failed.items()):
+        by_text.setdefault(text, []).append(rank)
+    parts = [
+        f"rank {r[0]}: {text}" if len(r) == 1 else f"ranks {format_ranks(r)}: {text}"
+        for text, r in by_text.items()
+    ]
+    kind = failed[min(failed)][0]
+    cls = getattr(errors, kind, None)
+    if not (isinstance(cls, type) and issubclass(cls, errors.ReshardError)):
+        cls = errors.ReshardError
+    raise cls("; ".join(parts))
 
 
 def agree(
@@ -72,16 +78,8 @@ def agree(
     """Share this rank's flags, format ``codes``, option ``digests`` and own ``error`` (if its checks
     failed) with every rank of ``group``. Collective; bounded by ``timeout`` when given
     (``TransportError`` naming the refit's start)."""
-    view = view_of(group)
-    device = "cuda" if view.backend == "nccl" else "cpu"
     flags = [int(error is not None), int(valid), int(has_src), int(has_dst), *codes, *digests]
-    mine = torch.tensor(flags, dtype=torch.int32, device=device)
-    ranks = view.ranks
-    gathered = torch.empty(len(flags) * len(ranks), dtype=torch.int32, device=device)
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
-    work = gather(gathered, mine, group=view.pg, async_op=True)
-    bounded.wait(work, timeout, group, "refit could not start")
-    rows = dict(zip(ranks, gathered.view(len(ranks), len(flags)).cpu().tolist(), strict=True))
+    rows = _gather_ints(flags, group, timeout)
     failed = _gather_errors(error, group, timeout) if any(f[0] for f in rows.values()) else {}
     return Agreement(
         valid=all(f[1] for f in rows.values()),
@@ -94,18 +92,24 @@ def agree(
 
 def start_together(error: BaseException | None, group, timeout: float | None) -> None:
     """The start round of a prepared ``Session.refit``: one all-gather of one flag per rank, and of
-    the errors when a rank's own checks failed; then every rank raises that error alike (``raise
-    _errors``), or every rank goes on. Collective over ``group``, bounded by ``timeout``."""
+    the errors when a rank's own checks failed; then every rank raises that error alike
+    (``raise_errors``), or every rank goes on. Collective over ``group``, bounded by ``timeout``."""
+    rows = _gather_ints([int(error is not None)], group, timeout)
+    if any(row[0] for row in rows.values()):  # every rank sees it: every rank joins the errors' round
+        raise_errors(_gather_errors(error, group, timeout))
+
+
+def _gather_ints(values: list[int], group, timeout: float | None) -> dict[int, list[int]]:
+    """Every rank's ``values`` (the same count on every rank), by global rank: one all-gather,
+    bounded by ``timeout``."""
     view = view_of(group)
     device = "cuda" if view.backend == "nccl" else "cpu"
-    mine = torch.tensor([int(error is not None)], dtype=torch.int32, device=device)
-    gathered = torch.empty(len(view.ranks), dtype=torch.int32, device=device)
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    mine = torch.tensor(values, dtype=torch.int32, device=device)
+    gathered = torch.empty(len(values) * len(view.ranks), dtype=torch.int32, device=device)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
     work = gather(gathered, mine, group=view.pg, async_op=True)
     bounded.wait(work, timeout, group, "refit could not start")
-    if gathered.any():  # every rank sees it: every rank joins the errors' round
-        errors = _gather_errors(error, group, timeout)
-        Agreement(valid=False, sides=((), ()), codes={}, digests={}, errors=errors).raise_errors()
+    return dict(zip(view.ranks, gathered.view(len(view.ranks), len(values)).cpu().tolist(), strict=True))
 
 
 def _gather_errors(error: BaseException | None, group, timeout: float | None) -> dict[int, tuple[str, str]]:

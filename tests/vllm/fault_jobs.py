@@ -183,6 +183,7 @@ def worker_fault_job(rank: int, world: int, url: str, model_dir: str, seeds: lis
     ``trainer_init`` and one update that lands (version ``after-faults``). Returns on every rank
     ``{"before-init": text, "outcomes": {case: text}}``, and on rank 0 also ``"good"``,
     ``"served"`` (``{case: [tokens, version]}``) and ``"last"`` (tokens, logprobs, version)."""
+    from reshard_vllm import ReshardTrainerWeightTransferEngine
     from vllm_harness import completions, post_json
     from vllm_jobs import NEW_TOKENS, PROMPT
 
@@ -192,8 +193,6 @@ def worker_fault_job(rank: int, world: int, url: str, model_dir: str, seeds: lis
         with urllib.request.urlopen(url + "/weight_info", timeout=30) as answer:
             version = json.loads(answer.read())["weight_version"]
         return [*completions(url, model_dir, PROMPT, NEW_TOKENS), version]
-
-    from reshard_vllm import ReshardTrainerWeightTransferEngine
 
     model = _fsdp_model(seeds[0])
     out: dict = {"outcomes": {}, "served": {}}

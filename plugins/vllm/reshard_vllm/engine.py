@@ -177,7 +177,7 @@ class ReshardWeightTransferEngine(WeightTransferEngine[ReshardInitInfo, ReshardU
                 update = self._update()
                 update.open()  # the parameters are backed by the receive buffers, which hold the update
         except Exception as exc:
-            error = " ".join(str(exc).split()) or type(exc).__name__
+            error = rpc_guard.one_line(exc)
         failed = [(rank, text) for rank, text in enumerate(rpc_guard.worker_texts(error)) if text]
         if failed:
             if update is not None:

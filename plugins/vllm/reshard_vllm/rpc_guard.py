@@ -78,7 +78,7 @@ def answer_alike(worker: Any, engine: Any, name: str, call: Callable[[], Any]) -
             abort_open_update(worker, engine, f"{name} arrived while an update was open")
         call()
     except Exception as exc:
-        error = _one_line(exc)
+        error = one_line(exc)
     failures = [(rank, text) for rank, text in enumerate(worker_texts(error)) if text]
     if not failures:
         return None
@@ -133,6 +133,7 @@ def _world_size() -> int:
     return get_world_group().world_size
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
+    """``exc``'s message on one line (its type name when it has none)."""
     text = " ".join(str(exc).split())
     return text or type(exc).__name__
