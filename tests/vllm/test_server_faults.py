@@ -202,6 +202,10 @@ def test_completions_across_updates_under_each_pause_mode(llama_tp2_server) -> N
     stop = threading.Event()
 
     def ask() -> None:  # one client, a short breath between requests: the trainer needs the CPU too
+        # Generation takes both cores: asking while the trainer's ranks start (importing transformers,
+        # building their models) starved them past the world's timeout on CI's machine.
+        while state["references"] is None and not stop.is_set():
+            time.sleep(0.2)
         while not stop.is_set():
             began = state["mode"]
             try:
