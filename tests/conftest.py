@@ -13,6 +13,21 @@ PLUGIN_FIXTURES = Path(__file__).parent / "core" / "fixtures"
 """Fake plugin distributions (``*.dist-info`` + modules), one folder per scenario."""
 
 
+RANK_PRELOAD = (
+    "megatron.core.models.gpt.gpt_model",
+    "megatron.core.models.gpt.gpt_layer_specs",
+    "transformers.modeling_utils",
+    "transformers.models.llama.modeling_llama",
+)
+"""What most test worlds' ranks import: the rank fork server imports it once (``world.preload``)."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from reshard_core.testing.world import preload
+
+    preload(*RANK_PRELOAD)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items:

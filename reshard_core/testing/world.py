@@ -10,6 +10,11 @@ A rank may report progress while it runs with ``emit(kind, data)``: ``run_world(
 on_event=...)`` hands each event to the parent's ``on_event(rank, kind, data)`` as it arrives, and
 a ``watchdog()`` asked between events can end the world with ``WorldStopped(reason)``. This is the
 one spawner of the project: tests, examples, ``reshard demo`` and ``reshard bench`` all use it.
+
+Ranks are forked from a multiprocessing fork server that imported ``PRELOAD`` once (``preload``
+adds modules), so a rank starts in a fraction of a second rather than importing torch anew. Each
+rank still gets what a spawned process would: the parent's environment and ``sys.path`` as they are
+when the world starts, and its standard output and error.
 """
 
 from __future__ import annotations
@@ -22,13 +27,22 @@ import signal
 import socket
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
+from multiprocessing import reduction
 from typing import Any
 
 import torch.multiprocessing as mp
 
-__all__ = ["WorldError", "WorldStopped", "emit", "free_port", "outcome", "run_jobs", "run_world"]
+__all__ = [
+    "PRELOAD", "WorldError", "WorldStopped", "emit", "free_port", "outcome", "preload", "run_jobs",
+    "run_world",
+]  # fmt: skip
+
+START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+
+PRELOAD: list[str] = ["torch", "torch.distributed", "torch.distributed.fsdp", "reshard_core.api"]
+"""Modules the fork server imports once, before it forks the first rank (a module that is not
+installed is left out)."""
 
 POLL_S = 0.2
 """How often the parent looks at its ranks (and asks the watchdog) while no message arrives."""
@@ -62,6 +76,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def preload(*modules: str) -> None:
+    """Have the fork server import ``modules`` too (e.g. a model library every rank imports). Takes
+    effect only before the first world of this process starts."""
+    PRELOAD.extend(m for m in modules if m not in PRELOAD)
+
+
 def emit(kind: str, data: Any = None) -> None:
     """From inside a spawned rank: send ``(kind, data)`` (small, picklable) to the parent now. The
     parent's ``on_event`` receives it; without one, or outside a spawned world, it goes nowhere."""
@@ -70,12 +90,14 @@ def emit(kind: str, data: Any = None) -> None:
         channel.put((key, "event", (kind, data)))
 
 
-def _entry(key, rank, world_size, port, pg_timeout, fn, args, channel):
+def _entry(key, rank, world_size, port, pg_timeout, fn, args, channel, environ, stdio):
     global _channel
     import torch
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    os.environ.clear()  # the fork server's environment is the parent's of when the server started
+    os.environ.update(environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    stdio.adopt()
     torch.set_num_threads(1)
     _channel = (key, channel)
     if STACKS_SIGNAL is not None:
@@ -145,19 +167,22 @@ def _run(
     error_grace: float | None,
     env: Mapping[str, str],
 ) -> list[list[Any]]:
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context(START_METHOD)
+    if START_METHOD == "forkserver":
+        ctx.set_forkserver_preload(PRELOAD)
     channel = ctx.Queue()
+    environ = {**os.environ, **env}
     procs: dict[tuple[int, int], Any] = {}
     for j, (fn, world_size, args) in enumerate(jobs):
         port = free_port()
         for r in range(world_size):
             procs[(j, r)] = ctx.Process(
-                target=_entry, args=((j, r), r, world_size, port, pg_timeout, fn, tuple(args), channel),
+                target=_entry,
+                args=((j, r), r, world_size, port, pg_timeout, fn, tuple(args), channel, environ, _Stdio()),
                 daemon=True,
             )  # fmt: skip
-    with _environment(env):
-        for p in procs.values():
-            p.start()
+    for p in procs.values():
+        p.start()
     out: dict[tuple[int, int], Any] = {}
     failures: dict[tuple[int, int], str] = {}
     deadline = time.monotonic() + timeout
@@ -224,19 +249,23 @@ def _world_error(
     return WorldError("\n".join(lines), {name(k): first_lines[k] for k in sorted(first_lines)})
 
 
-@contextmanager
-def _environment(env: Mapping[str, str]) -> Iterator[None]:
-    """``env`` set in ``os.environ`` inside (spawned processes inherit it), restored after."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+class _Stdio:
+    """The parent's standard output and error, carried to a rank as file descriptors (a forked rank
+    would else write where the fork server's went: to whatever they were when it started)."""
+
+    def __init__(self, fds: tuple[Any, Any] | None = None) -> None:
+        self.fds = fds
+
+    def __reduce__(self) -> tuple:
+        return (_Stdio, ((reduction.DupFd(1), reduction.DupFd(2)),))  # only while starting a process
+
+    def adopt(self) -> None:
+        """In the rank: make the carried descriptors its fds 1 and 2."""
+        for target, carried in zip((1, 2), self.fds or (None, None), strict=True):
+            fd = carried.detach()
+            if fd != target:
+                os.dup2(fd, target)
+                os.close(fd)
 
 
 def _dump_stacks(procs: list[Any]) -> None:
