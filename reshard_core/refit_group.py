@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from .layout import Layout, Mesh
 from .specs import TensorSpec
+from .store_calls import StoreHost, host_of
 from .transfer_group import TransferGroup
 
 
@@ -52,6 +53,10 @@ class RefitGroup:
             return dist.distributed_c10d._get_default_store()
         except Exception:
             return None
+
+    def store_host(self) -> StoreHost:
+        """Who hosts ``store()``, and how to go on once it stopped answering."""
+        return host_of(self.transfer)
 
 
 def view_of(group: Any) -> RefitGroup:

@@ -23,14 +23,19 @@ from __future__ import annotations
 
 import datetime
 import itertools
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from .errors import TransportError
+from .store_calls import call, host_of
 
 _BACKENDS = ("gloo", "nccl")
+T = TypeVar("T")
+ASK_S = 2.0
+"""Seconds a question to the store may take after a round failed (its host may be stalled)."""
 _serial = itertools.count()
 
 
@@ -161,7 +166,7 @@ class TransferGroup:
             self.store.wait(keys, datetime.timedelta(seconds=self.timeout))
             return [self.store.get(k).decode() for k in keys]
         except Exception as exc:
-            absent = _unset(self.store, keys)
+            absent = _unset(self, keys)
             if absent is None:
                 raise TransportError(
                     f"transfer group rank {self.rank}: {what}: the group's store at {self.address} is "
@@ -175,6 +180,12 @@ class TransferGroup:
                 f"transfer group rank {self.rank}: {what}: {who} within {self.timeout:g} s "
                 "(failed, exited or stalled)"
             ) from exc
+
+    def ask_store(self, fn: Callable[[Any], T], seconds: float = ASK_S) -> T:
+        """``fn(store)`` on the group's store, bounded: ``StoreSilent`` (a ``TransportError``) naming
+        the store's host when it has not answered within ``seconds`` (a TCPStore's ``add`` and
+        ``check`` would wait for a stalled host for good)."""
+        return call(self.store, fn, seconds, host_of(self))
 
     @staticmethod
     def refuse(host: str, port: int, reason: str, *, timeout: float = 5.0) -> bool:
@@ -256,10 +267,11 @@ def _check_ranks(rank: int, size: int, job_ranks: range) -> None:
         raise TransportError(f"transfer group: rank {rank} is not in its job's ranks {job_ranks}")
 
 
-def _unset(store: Any, keys: list[str]) -> list[int] | None:
-    """The ranks whose key is missing, or None when the store cannot be asked (it is gone)."""
+def _unset(group: TransferGroup, keys: list[str]) -> list[int] | None:
+    """The ranks whose key is missing, or None when the store cannot be asked (it is gone, or its
+    host does not answer within ``ASK_S``)."""
     try:
-        return [r for r, k in enumerate(keys) if not store.check([k])]
+        return group.ask_store(lambda store: [r for r, k in enumerate(keys) if not store.check([k])])
     except Exception:
         return None
 

@@ -19,6 +19,7 @@ from typing import Any
 from ..errors import TransportError
 from ..plan.describe import format_ranks
 from ..refit_group import RefitGroup, view_of
+from ..store_calls import StoreSilent, call
 from . import failures
 
 _sequence: dict[object, int] = {}
@@ -38,12 +39,15 @@ def wait(work: Any, timeout: float | None, group: Any, what: str) -> None:
         work.wait() if timeout is None else work.wait(datetime.timedelta(seconds=timeout))
 
     try:
-        failures.wait_for(block, view, what, on_slow=lambda: _mark(view, prefix))
-    except failures.PeerFailed:
+        failures.wait_for(block, view, what, timeout, on_slow=lambda: _mark(view, prefix))
+    except TransportError:  # a peer's own error, or the store's host stopped answering
         raise
     except Exception as exc:
         within = f" within {timeout:g} s" if timeout is not None else ""
-        missing = _missing(view, prefix, timeout) if timeout is not None else None
+        try:
+            missing = _missing(view, prefix, timeout) if timeout is not None else None
+        except StoreSilent as silent:
+            raise TransportError(f"rank {view.rank}: {what}: {silent}") from exc
         who = (
             f"rank{'s' if len(missing) > 1 else ''} {format_ranks(missing)} of {format_ranks(ranks)} "
             f"did not join{within}"
@@ -57,23 +61,31 @@ def wait(work: Any, timeout: float | None, group: Any, what: str) -> None:
 
 def _mark(view: RefitGroup, prefix: str) -> None:
     try:
-        view.store().set(prefix + str(view.rank), b"1")
-    except Exception:  # no store: the error says only that someone is missing
+        call(view.store(), lambda store: store.set(prefix + str(view.rank), b"1"), failures.GRACE,
+             view.store_host())  # fmt: skip
+    except Exception:  # no store (or it does not answer): the error says only that someone is missing
         pass
 
 
 def _missing(view: RefitGroup, prefix: str, timeout: float) -> list[int] | None:
-    """The ranks that did not mark themselves (within a short grace), or None without a store."""
+    """The ranks that did not mark themselves (within a short grace), or None without a store;
+    ``StoreSilent`` when the store does not answer."""
     ranks = view.ranks
-    try:
-        store = view.store()
+    grace = min(timeout, _GRACE)
+
+    def unmarked(store: Any) -> list[int]:
         store.set(prefix + str(view.rank), b"1")
-        deadline = time.monotonic() + min(timeout, _GRACE)
+        deadline = time.monotonic() + grace
         while True:
             missing = [r for r in ranks if not store.check([prefix + str(r)])]
             if not missing or time.monotonic() > deadline:
                 return missing
             time.sleep(0.02)
+
+    try:
+        return call(view.store(), unmarked, grace + failures.GRACE, view.store_host())
+    except StoreSilent:
+        raise
     except Exception:  # no default store (or it failed): say only that someone is missing
         return None
 

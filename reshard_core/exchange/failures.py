@@ -15,7 +15,9 @@ board every ``POLL`` seconds, and raises ``PeerFailed`` naming the rank and its 
 
 Only failures write to the store, plus ``on_slow``: a wait still blocked after its first tick may
 mark itself (``bounded.wait`` does, so that at the deadline the ranks that never joined are told
-apart at once).
+apart at once). Every store call is bounded (``store_calls``): a board read ends at the wait's own
+deadline plus ``GRACE`` at the latest, and a store whose host stopped answering ends the wait with a
+``TransportError`` naming that host.
 """
 
 from __future__ import annotations
@@ -30,12 +32,19 @@ from typing import Any
 
 from ..errors import ReshardError, TransportError
 from ..refit_group import RefitGroup, view_of
+from ..store_calls import StoreSilent, call
 
 POLL = 0.05
 """Seconds between two looks at the board while a wait blocks."""
 
 CONFIRM = 0.3
 """Seconds a peer's record must stand before it is taken as that peer's failure."""
+
+GRACE = 1.0
+"""Seconds a store call may take beyond the wait's deadline (and at most, to publish or retract)."""
+
+UNBOUNDED = 300.0
+"""Seconds a board read may take in a wait without a deadline."""
 
 _FIRST_TICK = 0.02
 _MAX_TEXT = 2000
@@ -89,60 +98,74 @@ def raised_alike() -> Iterator[None]:
 def publish(view: RefitGroup, exc: BaseException) -> None:
     """Leave ``exc`` on ``view``'s board (best effort: without a store, peers time out)."""
     text = " ".join(f"{type(exc).__name__}: {exc}".split())[:_MAX_TEXT]
-    try:
-        store = view.store()
+    first = view.key not in _published
+
+    def write(store: Any) -> None:
         store.set(_prefix(view) + str(view.rank), text.encode())
-        if view.key not in _published:
+        if first:
             store.add(_prefix(view) + "count", 1)
-            _published.add(view.key)
+
+    try:
+        call(view.store(), write, GRACE, view.store_host())
+        _published.add(view.key)
     except Exception:
         pass
 
 
 def _retract(view: RefitGroup) -> None:
     _published.discard(view.key)
-    try:
-        store = view.store()
+
+    def take_down(store: Any) -> None:
         store.delete_key(_prefix(view) + str(view.rank))
         store.add(_prefix(view) + "count", -1)
+
+    try:
+        call(view.store(), take_down, GRACE, view.store_host())
     except Exception:
         pass
 
 
-def failed_peers(view: RefitGroup) -> dict[int, str]:
+def failed_peers(view: RefitGroup, seconds: float = UNBOUNDED) -> dict[int, str]:
     """``{rank: error text}`` of the peers whose records stand on ``view``'s board now (empty
-    outside a refit call, without a store, or when the store cannot be read)."""
+    outside a refit call, without a store, or when the store cannot be read). Raises ``StoreSilent``
+    when the store does not answer within ``seconds``."""
     store = view.store() if view.key in _active else None
     if store is None:
         return {}
     prefix = _prefix(view)
-    found = {}
-    try:
-        if store.add(prefix + "count", 0) <= 0:
-            return {}
-        for r in view.ranks:
-            if r != view.rank and store.check([prefix + str(r)]):
-                found[r] = store.get(prefix + str(r)).decode()
-    except Exception:  # the store's host is gone (or a record was just taken down)
+
+    def read(store: Any) -> dict[int, str]:
+        found: dict[int, str] = {}
+        try:
+            if store.add(prefix + "count", 0) <= 0:
+                return found
+            for r in view.ranks:
+                if r != view.rank and store.check([prefix + str(r)]):
+                    found[r] = store.get(prefix + str(r)).decode()
+        except Exception:  # the store's host is gone (or a record was just taken down)
+            return found
         return found
-    return found
+
+    return call(store, read, seconds, view.store_host())
 
 
 def wait_for(
     block: Callable[[], None],
     view: RefitGroup,
     what: str | Callable[[], str],
+    timeout: float | None,
     on_slow: Callable[[], None] | None = None,
 ) -> None:
-    """Run ``block`` (a wait that ends by itself, at the latest at its own deadline) and return or
-    raise as it does; raise ``PeerFailed`` ("rank R: <what>: rank P failed: <its error>") as soon as
-    a peer publishes (``what`` may be a callable, evaluated only then). Outside a watched refit, or
-    without a store, just runs ``block``."""
+    """Run ``block`` (a wait that ends by itself, at the latest ``timeout`` seconds from now) and
+    return or raise as it does; raise ``PeerFailed`` ("rank R: <what>: rank P failed: <its error>")
+    as soon as a peer publishes (``what`` may be a callable, evaluated only then), and
+    ``TransportError`` naming the store's host when the board cannot be read by the deadline plus
+    ``GRACE``. Outside a watched refit, or without a store, just runs ``block``."""
     if view.key not in _active or view.store() is None:
         block()
         return
     done = _waiters.submit(block)
-    board = _Board(view, what)
+    board = _Board(view, what, None if timeout is None else time.monotonic() + timeout)
     slow = False
     while True:
         try:
@@ -162,23 +185,29 @@ def wait_for(
 class _Board:
     """One wait's view of the board: when each standing record was first seen."""
 
-    def __init__(self, view: RefitGroup, what: str | Callable[[], str]) -> None:
-        self.view, self.what = view, what
+    def __init__(self, view: RefitGroup, what: str | Callable[[], str], deadline: float | None) -> None:
+        self.view, self.what, self.deadline = view, what, deadline
         self.seen: dict[tuple[int, str], float] = {}
 
     def raise_confirmed(self, at_once: bool = False, cause: BaseException | None = None) -> None:
         """Raise ``PeerFailed`` for the records that stood ``CONFIRM`` seconds, or for every standing
         record ``at_once`` (the wait broke: a peer that left with a record is not coming back)."""
         now = time.monotonic()
-        standing = failed_peers(self.view)
+        seconds = UNBOUNDED if self.deadline is None else max(self.deadline - now, 0.0) + GRACE
+        try:
+            standing = failed_peers(self.view, seconds)
+        except StoreSilent as exc:
+            raise StoreSilent(f"rank {self.view.rank}: {self._what()}: {exc}") from cause
         self.seen = {k: t for k, t in self.seen.items() if k in standing.items()}
         for item in standing.items():
             self.seen.setdefault(item, now)
         confirmed = sorted(k for k, t in self.seen.items() if at_once or now - t >= CONFIRM)
         if confirmed:
             texts = "; ".join(f"rank {r} failed: {text}" for r, text in confirmed)
-            what = self.what() if callable(self.what) else self.what
-            raise PeerFailed(f"rank {self.view.rank}: {what}: {texts}") from cause
+            raise PeerFailed(f"rank {self.view.rank}: {self._what()}: {texts}") from cause
+
+    def _what(self) -> str:
+        return self.what() if callable(self.what) else self.what
 
 
 def _prefix(view: RefitGroup) -> str:

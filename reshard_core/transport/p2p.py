@@ -38,6 +38,7 @@ import torch.distributed as dist
 from ..errors import TransportError
 from ..exchange import failures
 from ..refit_group import view_of
+from ..store_calls import StoreSilent
 from ..transfer_group import TransferGroup
 from .copy_service import CopyService
 
@@ -264,8 +265,10 @@ class P2PCopyService(CopyService):
             wait_all()  # done already (a backend whose requests say so; Gloo's P2P ones never do)
         else:
             try:
-                failures.wait_for(wait_all, self.view, lambda: f"{self.name}: {list_ops(flight.ops)}")
-            except failures.PeerFailed:
+                failures.wait_for(
+                    wait_all, self.view, lambda: f"{self.name}: {list_ops(flight.ops)}", self.timeout
+                )
+            except (failures.PeerFailed, StoreSilent):
                 self.keep_alive(flight)  # the helper thread still waits on it, until its deadline
                 self._owns_comm = False  # closing would block on that wait: the comm is left to the process
                 raise

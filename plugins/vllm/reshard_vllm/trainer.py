@@ -195,11 +195,15 @@ class ReshardTrainerWeightTransferEngine(TrainerWeightTransferEngine[ReshardTrai
 
     def _superseded(self) -> str:
         """The error text when a newer trainer's init took the engine over, else ""."""
+
+        def read(store: Any) -> str:
+            return store.get(SUPERSEDED_KEY).decode() if store.check([SUPERSEDED_KEY]) else ""
+
         try:
-            if not self.group.store.check([SUPERSEDED_KEY]):
-                return ""
-            by = self.group.store.get(SUPERSEDED_KEY).decode()
-        except Exception:  # the store is gone: the next round names its host
+            by = self.group.ask_store(read)
+        except Exception:  # the store is gone or stalled: the next round names its host
+            return ""
+        if not by:
             return ""
         return (
             f"reshard: superseded by a newer trainer (its group meets at {by}); this job can no longer "

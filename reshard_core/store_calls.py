@@ -1,0 +1,85 @@
+"""Calls on a refit group's store that end in time, naming the store's host when it does not answer.
+
+A TCPStore client's ``add`` and ``check`` wait for the answer without any bound: with the process
+that hosts the store stalled (SIGSTOP, a debugger, a swapped-out host), every rank asking would
+hang there for good. ``call`` runs one store call on a short-lived helper thread and waits for it at
+most ``seconds``; a store that did not answer is remembered, so later calls on it fail at once
+instead of each waiting again (its helper thread stays blocked until the host answers or dies).
+
+Only failure and slow paths touch the store (the failure board, the marks of a slow wait, the
+store-based rounds of a ``TransferGroup``), so the helper thread costs nothing on a refit where
+nothing fails.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from .errors import TransportError
+
+T = TypeVar("T")
+
+_silent: dict[int, str] = {}
+"""``id(store)`` of the stores whose host did not answer, with the error to raise at once."""
+
+
+class StoreSilent(TransportError):
+    """A group's store did not answer within the time a refit had left: its host stalled or died."""
+
+
+@dataclass(frozen=True)
+class StoreHost:
+    """Who hosts a group's store (``name``, in words) and how to go on once it stopped answering."""
+
+    name: str
+    recover: str
+
+
+def host_of(transfer: Any = None) -> StoreHost:
+    """The host of a refit group's store: a transfer group's rank 0 (its convention), torchrun's agent
+    (which hosts the default store of a torchrun job), or rank 0 (which ``init_process_group`` makes
+    the host otherwise)."""
+    if transfer is not None:
+        return StoreHost("rank 0", "close the transfer group and join a new one")
+    restart = "restart the job (its default store cannot be replaced)"
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return StoreHost("torchrun's agent", restart)
+    return StoreHost("rank 0", restart)
+
+
+def call(store: Any, fn: Callable[[Any], T], seconds: float, host: StoreHost) -> T:
+    """``fn(store)``, or ``StoreSilent`` when it has not returned after ``seconds`` (or the store was
+    found silent before: the group is broken, and the error says how to recover). Exceptions of
+    ``fn`` propagate."""
+    known = _silent.get(id(store))
+    if known is not None:
+        raise StoreSilent(f"{known} in an earlier call; this group cannot refit again: {host.recover}")
+    outcome: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, fn(store)))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            outcome.append((False, exc))
+
+    helper = threading.Thread(target=run, name="reshard-store", daemon=True)
+    helper.start()
+    helper.join(max(seconds, 0.0))
+    if not outcome:
+        text = f"the group's store (hosted by {host.name}) did not answer"
+        _silent[id(store)] = text
+        raise StoreSilent(f"{text} within {seconds:.3g} s: {host.name} stalled or died")
+    ok, value = outcome[0]
+    if ok:
+        return value
+    raise value
+
+
+def forget(store: Any) -> None:
+    """Take ``store`` off the list of silent stores (a new group reuses no store object, but an id
+    can be reused once the old store is gone)."""
+    _silent.pop(id(store), None)
