@@ -54,9 +54,8 @@ def wait(work: Any, timeout: float | None, group: Any, what: str) -> None:
             if missing
             else f"ranks {format_ranks(ranks)} did not all join{within}"
         )
-        raise TransportError(
-            f"rank {view.rank}: {what}: {who} (failed, exited or stalled): {_reason(exc)}"
-        ) from exc
+        error = TransportError(f"rank {view.rank}: {what}: {who} (failed, exited or stalled): {_reason(exc)}")
+        raise failures.blame(error, missing or ()) from exc
 
 
 def _mark(view: RefitGroup, prefix: str) -> None:

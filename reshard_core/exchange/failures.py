@@ -13,6 +13,11 @@ already on its way into the peer's refit (its own call raised before any communi
 reported. ``wait_for`` runs a blocking wait on a helper thread while the calling thread checks the
 board every ``POLL`` seconds, and raises ``PeerFailed`` naming the rank and its error.
 
+A rank that fails because of a peer (a receive from it broke, it never joined) publishes a relay
+record naming that peer (``blame``), so ranks that only wait on the relaying rank report the rank
+that failed first, not their neighbour; a wait that breaks gives a relay ``RELAY_WAIT`` seconds to
+land before it raises its own error.
+
 Only failures write to the store, plus ``on_slow``: a wait still blocked after its first tick may
 mark itself (``bounded.wait`` does, so that at the deadline the ranks that never joined are told
 apart at once). Every store call is bounded (``store_calls``): a board read ends at the wait's own
@@ -46,6 +51,10 @@ GRACE = 1.0
 UNBOUNDED = 300.0
 """Seconds a board read may take in a wait without a deadline."""
 
+RELAY_WAIT = 0.3
+"""Seconds a broken wait looks for a peer's record before raising its own error (a neighbour that
+saw the first failure closes its connections a moment before its record lands)."""
+
 _FIRST_TICK = 0.02
 _MAX_TEXT = 2000
 _active: set[Hashable] = set()  # keys of the groups a refit call runs on, on this rank
@@ -58,11 +67,28 @@ class PeerFailed(TransportError):
     """A peer published its own error while this rank waited for it."""
 
 
+def blame(exc: TransportError, ranks: Any) -> TransportError:
+    """Mark ``exc`` as caused by the peers ``ranks`` (a receive from them broke, they never joined);
+    ``watched`` then publishes it as a relay naming them. Returns ``exc``."""
+    exc.culprits = tuple(sorted(set(ranks)))  # type: ignore[attr-defined]
+    return exc
+
+
+def _culprits(exc: BaseException) -> tuple[int, ...]:
+    """The peers ``exc`` (or an error it was raised from) blames, if any."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if getattr(seen, "culprits", None):
+            return seen.culprits  # type: ignore[attr-defined]
+        seen = seen.__cause__
+    return ()
+
+
 @contextmanager
 def watched(group: Any) -> Iterator[None]:
     """Run one refit call (collective over ``group``) under the board: this rank's record from an
     earlier call is taken down first; an exception other than a ``TransportError`` is published for
-    the peers, then re-raised."""
+    the peers, then re-raised; so is a ``TransportError`` that blames peers (as a relay)."""
     try:
         view = view_of(group)
     except TransportError:  # no group to publish on (torch.distributed not set up): the body says so
@@ -75,8 +101,10 @@ def watched(group: Any) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        if not isinstance(exc, TransportError) and not getattr(exc, "raised_alike", False):
-            publish(view, exc)
+        if not getattr(exc, "raised_alike", False):
+            culprits = _culprits(exc)
+            if culprits or not isinstance(exc, TransportError):
+                publish(view, exc, culprits)
         raise
     finally:
         with _lock:
@@ -95,9 +123,10 @@ def raised_alike() -> Iterator[None]:
         raise
 
 
-def publish(view: RefitGroup, exc: BaseException) -> None:
-    """Leave ``exc`` on ``view``'s board (best effort: without a store, peers time out)."""
-    text = " ".join(f"{type(exc).__name__}: {exc}".split())[:_MAX_TEXT]
+def publish(view: RefitGroup, exc: BaseException, culprits: tuple[int, ...] = ()) -> None:
+    """Leave ``exc`` on ``view``'s board (best effort: without a store, peers time out); with
+    ``culprits``, as a relay: the error is theirs, seen from here."""
+    text = ",".join(map(str, culprits)) + "|" + " ".join(f"{type(exc).__name__}: {exc}".split())[:_MAX_TEXT]
     first = view.key not in _published
 
     def write(store: Any) -> None:
@@ -174,7 +203,7 @@ def wait_for(
         except _Pending:
             pass
         except Exception as exc:  # a peer that published and left closes its connections at once
-            board.raise_confirmed(at_once=True, cause=exc)
+            board.raise_any(exc)
             raise
         if not slow and on_slow is not None:
             on_slow()
@@ -202,9 +231,44 @@ class _Board:
         for item in standing.items():
             self.seen.setdefault(item, now)
         confirmed = sorted(k for k, t in self.seen.items() if at_once or now - t >= CONFIRM)
-        if confirmed:
-            texts = "; ".join(f"rank {r} failed: {text}" for r, text in confirmed)
-            raise PeerFailed(f"rank {self.view.rank}: {self._what()}: {texts}") from cause
+        mine = set(_culprits(cause)) if cause is not None else set()
+        error = self._failed(confirmed, mine) if confirmed else None
+        if error is not None:
+            raise error from cause
+
+    def raise_any(self, cause: BaseException) -> None:
+        """The wait broke with ``cause``: raise ``PeerFailed`` for any record that stands now (a
+        peer that left with a record is not coming back, and its store may go with it); else
+        publish ``cause`` when it blames peers (a relay) and raise for any record that lands within
+        ``RELAY_WAIT``; else return."""
+        end = time.monotonic() + RELAY_WAIT
+        self.raise_confirmed(at_once=True, cause=cause)
+        culprits = _culprits(cause)
+        if culprits:
+            publish(self.view, cause, culprits)
+        while time.monotonic() < end:
+            time.sleep(POLL)
+            self.raise_confirmed(at_once=True, cause=cause)
+
+    def _failed(self, records: list[tuple[int, str]], mine: set[int]) -> PeerFailed | None:
+        """The error for standing records: the ranks that failed on their own, with their words;
+        else the ranks that relays blame and that published nothing themselves (the first failure,
+        not the neighbour that relayed it); None when the relays blame only this rank, or only
+        ranks this rank's own error (blaming ``mine``) names first-hand."""
+        me = self.view.rank
+        parsed = {r: (tuple(int(c) for c in blamed.split(",") if c), text)
+                  for r, record in records for blamed, text in [record.split("|", 1)]}  # fmt: skip
+        own = [(r, text) for r, (blamed, text) in parsed.items() if not blamed]
+        if own:
+            texts = "; ".join(f"rank {r} failed: {text}" for r, text in own)
+            return blame(PeerFailed(f"rank {me}: {self._what()}: {texts}"), [r for r, _ in own])
+        roots = sorted({c for blamed, _ in parsed.values() for c in blamed if c not in parsed and c != me})
+        if not roots or {*roots} <= mine:
+            return None
+        who = f"rank{'s' if len(roots) > 1 else ''} {', '.join(map(str, roots))}"
+        seen = "; ".join(f"rank {r}: {text}" for r, (by, text) in parsed.items() if set(by) & {*roots})
+        message = f"rank {me}: {self._what()}: {who} failed first (seen by {seen})"
+        return blame(PeerFailed(message), roots)
 
     def _what(self) -> str:
         return self.what() if callable(self.what) else self.what

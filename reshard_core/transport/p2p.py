@@ -286,7 +286,7 @@ class P2PCopyService(CopyService):
         message = f"{self.name}: {list_ops(failed.ops)} failed: {describe_failure(exc, self.timeout)}"
         if others:
             message += f"; also unfinished: {list_ops(others)}"
-        raise TransportError(message) from exc
+        raise failures.blame(TransportError(message), [op.peer for op in failed.ops]) from exc
 
     def _issue(self, ops: list[QueuedOp]) -> list[Issued]:
         raise NotImplementedError

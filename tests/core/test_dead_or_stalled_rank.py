@@ -1,0 +1,104 @@
+"""One rank stalls (SIGSTOP) or dies (SIGKILL) in the middle of a refit: every other rank raises
+within ``timeout`` + 2 s, naming it, also a rank that only waits on a neighbour of it.
+
+3-rank Gloo worlds, as in ``test_one_rank_failures.py``: rank 0 holds the source and hosts the
+default store; ranks 1 and 2 hold destination halves, and the refit verifies its arrivals (so rank 2
+also waits for rank 0's digest after the data). After one good refit, the victim stops or kills
+itself where its transport would start. The survivors report ``(seconds, error)`` with ``emit``;
+the test ends the world (the victim never returns) once both reported.
+
+- Victim 0, the store's host: a TCPStore's ``add`` and ``check`` wait for their answer without a
+  bound, so before store calls were bounded the ranks reading the failure board hung there for as
+  long as rank 0 stayed stopped.
+- Victim 1: rank 0 sees it fail (its send to rank 1 breaks); rank 2, which only waits on rank 0,
+  used to report rank 0 ("recv from rank 0 ... timed out"). Rank 0 now relays the first failure on
+  the board, and rank 2 names rank 1.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from reshard_core.testing.world import WorldStopped, run_world
+
+pytestmark = pytest.mark.slow
+
+TIMEOUT = 3.0
+SLACK = 2.0
+
+
+def _world(rank: int, world: int, victim: int, how: str) -> None:
+    import reshard_core
+    from reshard_core import declare_layout
+    from reshard_core.testing.world import emit
+
+    src = dst = None
+    if rank == 0:
+        src = nn.Module()
+        src.w = nn.Parameter(torch.arange(32.0).reshape(8, 4))
+        declare_layout(src.w, ranks=(0,))
+    else:
+        dst = nn.Module()
+        dst.w = nn.Parameter(torch.zeros(4, 4))
+        declare_layout(dst.w, dim=0, ranks=(1, 2))
+    reshard_core.refit(src, dst, timeout=TIMEOUT, verify=True)  # one good refit: the transport is warm
+    if rank == victim:
+        from reshard_gloo.transport import GlooCopyService
+
+        def start(self):
+            os.kill(os.getpid(), signal.SIGSTOP if how == "stop" else signal.SIGKILL)
+
+        GlooCopyService.start = start
+    start_time = time.monotonic()
+    try:
+        reshard_core.refit(src, dst, timeout=TIMEOUT, verify=True)
+        text = "no error"
+    except Exception as exc:  # noqa: BLE001 - the text and the time are what the test checks
+        text = f"{type(exc).__name__}: {exc}"
+    emit("outcome", (time.monotonic() - start_time, text))
+    time.sleep(60)  # the test ends the world once both survivors reported
+
+
+def _outcomes(victim: int, how: str) -> dict[int, tuple[float, str]]:
+    outcomes: dict[int, tuple[float, str]] = {}
+
+    def on_event(rank: int, kind: str, data: tuple[float, str]) -> None:
+        outcomes[rank] = data
+
+    def watchdog() -> str | None:
+        return "both survivors reported" if len(outcomes) == 2 else None
+
+    with pytest.raises(WorldStopped):
+        run_world(_world, 3, victim, how, timeout=120, on_event=on_event, watchdog=watchdog)
+    assert sorted(outcomes) == sorted({0, 1, 2} - {victim}), outcomes
+    for rank, (seconds, text) in outcomes.items():
+        assert text.startswith("TransportError: "), (rank, text)
+        assert seconds < TIMEOUT + SLACK, (rank, seconds, text)
+    return {rank: text for rank, (_, text) in outcomes.items()}
+
+
+@pytest.mark.parametrize("how", ["stop", "kill"])
+def test_the_store_host_stalled_or_dead_is_named_by_every_other_rank_in_time(how: str) -> None:
+    texts = _outcomes(0, how)
+    for rank, text in texts.items():
+        if how == "stop":
+            assert "the group's store (hosted by rank 0) did not answer within" in text, (rank, text)
+            assert "rank 0 stalled or died" in text, (rank, text)
+        else:
+            assert "from rank 0" in text and "connection closed by the peer" in text, (rank, text)
+
+
+@pytest.mark.parametrize("how", ["stop", "kill"])
+def test_a_rank_that_only_waits_on_a_neighbour_names_the_rank_that_failed_first(how: str) -> None:
+    texts = _outcomes(1, how)
+    first_hand = "timed out after 3 s" if how == "stop" else "connection closed by the peer"
+    assert "gloo: send to rank 1" in texts[0] and first_hand in texts[0], texts[0]
+    assert "recv from rank 0" in texts[2], texts[2]  # what it waited for, and who failed first:
+    assert "rank 1 failed first (seen by rank 0: TransportError: " in texts[2], texts[2]
+    assert "send to rank 1" in texts[2], texts[2]
