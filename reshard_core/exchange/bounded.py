@@ -2,7 +2,9 @@
 
 Without a bound, a rank that failed on its own, exited or stalled before a pre-execution collective
 leaves every peer waiting until the process-group timeout (30 minutes by default). ``wait`` waits
-for an ``async_op`` collective at most ``timeout`` seconds and then raises ``TransportError``; a
+for an ``async_op`` collective at most ``timeout`` seconds and then raises ``TransportError``
+(on Gloo in short steps on the calling thread, which a short step's timeout leaves running, so a
+collective that ends within the first step costs no thread handoff); a
 peer that failed with an error of its own and published it (``failures``) ends the wait at once,
 with that error. To name the ranks that never joined, a rank still waiting after the first tick
 marks itself in the group's store (the default store, or a ``TransferGroup``'s) under a per-group
@@ -38,8 +40,21 @@ def wait(work: Any, timeout: float | None, group: Any, what: str) -> None:
     def block() -> None:
         work.wait() if timeout is None else work.wait(datetime.timedelta(seconds=timeout))
 
+    def step(seconds: float) -> bool:
+        try:
+            work.wait(datetime.timedelta(seconds=max(seconds, 0.001)))
+            return True
+        except Exception:
+            if not work.is_completed():  # a short step's timeout leaves the collective running
+                return False
+        work.wait()  # it ended (maybe just after the step timed out): its own outcome
+        return True
+
     try:
-        failures.wait_for(block, view, what, timeout, on_slow=lambda: _mark(view, prefix))
+        if view.backend != "gloo":  # a timed-out wait may abort another backend's communicator
+            failures.wait_for(block, view, what, timeout, on_slow=lambda: _mark(view, prefix))
+        elif not failures.wait_in_steps(step, view, what, timeout, on_slow=lambda: _mark(view, prefix)):
+            raise TimeoutError(f"timed out after {timeout:g} s")
     except TransportError:  # a peer's own error, or the store's host stopped answering
         raise
     except Exception as exc:

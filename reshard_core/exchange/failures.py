@@ -38,6 +38,7 @@ from typing import Any
 from ..errors import ReshardError, TransportError
 from ..refit_group import RefitGroup, view_of
 from ..store_calls import StoreSilent, call
+from . import broken
 
 POLL = 0.05
 """Seconds between two looks at the board while a wait blocks."""
@@ -55,7 +56,8 @@ RELAY_WAIT = 0.3
 """Seconds a broken wait looks for a peer's record before raising its own error (a neighbour that
 saw the first failure closes its connections a moment before its record lands)."""
 
-_FIRST_TICK = 0.02
+FIRST_TICK = 0.02
+"""Seconds a wait blocks before it first looks at the board (most waits end sooner)."""
 _MAX_TEXT = 2000
 _active: set[Hashable] = set()  # keys of the groups a refit call runs on, on this rank
 _published: set[Hashable] = set()  # keys of the groups this rank left a record on
@@ -74,6 +76,20 @@ def blame(exc: TransportError, ranks: Any) -> TransportError:
     return exc
 
 
+def _peer_gone(exc: BaseException) -> bool:
+    """Whether ``exc`` says a peer (or the store's host) died or stalled: its waits were abandoned,
+    so the group cannot pair its calls again. A peer that raised its own error (``PeerFailed`` with
+    its words) took part until then: the transports that failed are closed and rebuilt."""
+    if isinstance(exc, PeerFailed) and getattr(exc, "own_error", False):
+        return False
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, StoreSilent):
+            return True
+        seen = seen.__cause__
+    return bool(_culprits(exc))
+
+
 def _culprits(exc: BaseException) -> tuple[int, ...]:
     """The peers ``exc`` (or an error it was raised from) blames, if any."""
     seen: BaseException | None = exc
@@ -86,14 +102,20 @@ def _culprits(exc: BaseException) -> tuple[int, ...]:
 
 @contextmanager
 def watched(group: Any) -> Iterator[None]:
-    """Run one refit call (collective over ``group``) under the board: this rank's record from an
-    earlier call is taken down first; an exception other than a ``TransportError`` is published for
-    the peers, then re-raised; so is a ``TransportError`` that blames peers (as a relay)."""
+    """Run one refit call (collective over ``group``) under the board: a group an earlier call left
+    broken raises at once (``broken``); this rank's record from an earlier call is taken down
+    first; an exception other than a ``TransportError`` is published for the peers, then re-raised;
+    so is a ``TransportError`` that blames peers (as a relay). Either marks the group broken."""
     try:
         view = view_of(group)
     except TransportError:  # no group to publish on (torch.distributed not set up): the body says so
         yield
         return
+    try:
+        broken.check(view)
+    except broken.BrokenGroup as exc:
+        exc.raised_alike = True  # type: ignore[attr-defined]  # nothing to publish: no peer waits
+        raise
     if view.key in _published:
         _retract(view)
     with _lock:
@@ -102,6 +124,8 @@ def watched(group: Any) -> Iterator[None]:
         yield
     except Exception as exc:
         if not getattr(exc, "raised_alike", False):
+            if _peer_gone(exc):
+                broken.mark(view, exc)
             culprits = _culprits(exc)
             if culprits or not isinstance(exc, TransportError):
                 publish(view, exc, culprits)
@@ -194,11 +218,11 @@ def wait_for(
         block()
         return
     done = _waiters.submit(block)
-    board = _Board(view, what, None if timeout is None else time.monotonic() + timeout)
+    board = Board(view, what, None if timeout is None else time.monotonic() + timeout)
     slow = False
     while True:
         try:
-            done.result(timeout=POLL if slow else _FIRST_TICK)
+            done.result(timeout=POLL if slow else FIRST_TICK)
             return
         except _Pending:
             pass
@@ -211,8 +235,51 @@ def wait_for(
         board.raise_confirmed()
 
 
-class _Board:
-    """One wait's view of the board: when each standing record was first seen."""
+def board_for(view: RefitGroup, what: str | Callable[[], str], timeout: float | None) -> Board | None:
+    """The board a wait of ``timeout`` seconds on ``view`` reads, or None outside a watched refit
+    or without a store (the wait then just blocks)."""
+    if view.key not in _active or view.store() is None:
+        return None
+    return Board(view, what, None if timeout is None else time.monotonic() + timeout)
+
+
+def wait_in_steps(
+    step: Callable[[float], bool],
+    view: RefitGroup,
+    what: str | Callable[[], str],
+    timeout: float | None,
+    on_slow: Callable[[], None] | None = None,
+) -> bool:
+    """Like ``wait_for``, on the calling thread, for a wait that can be taken in steps: ``step(s)``
+    waits at most ``s`` seconds and says whether the wait is over (raising what the wait raises).
+    Returns False when ``timeout`` passed first. No helper thread: a wait that ends within its first
+    step costs nothing more than the wait."""
+    watched_here = view.key in _active and view.store() is not None
+    deadline = None if timeout is None else time.monotonic() + timeout
+    first = FIRST_TICK if watched_here else POLL
+    if step(first if deadline is None else min(first, timeout)):
+        return True
+    board = Board(view, what, deadline) if watched_here else None
+    if board is not None and on_slow is not None:
+        on_slow()
+    while True:
+        if board is not None:
+            board.raise_confirmed()
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return False
+        try:
+            if step(POLL if left is None else min(POLL, left)):
+                return True
+        except Exception as exc:  # a peer that published and left closes its connections at once
+            if board is not None:
+                board.raise_any(exc)
+            raise
+
+
+class Board:
+    """One wait's view of the board: when each standing record was first seen. Read by the waiting
+    thread (``wait_for``, ``wait_in_steps``) or by the watcher thread (``watcher``)."""
 
     def __init__(self, view: RefitGroup, what: str | Callable[[], str], deadline: float | None) -> None:
         self.view, self.what, self.deadline = view, what, deadline
@@ -261,7 +328,9 @@ class _Board:
         own = [(r, text) for r, (blamed, text) in parsed.items() if not blamed]
         if own:
             texts = "; ".join(f"rank {r} failed: {text}" for r, text in own)
-            return blame(PeerFailed(f"rank {me}: {self._what()}: {texts}"), [r for r, _ in own])
+            error = blame(PeerFailed(f"rank {me}: {self._what()}: {texts}"), [r for r, _ in own])
+            error.own_error = True  # type: ignore[attr-defined]
+            return error
         roots = sorted({c for blamed, _ in parsed.values() for c in blamed if c not in parsed and c != me})
         if not roots or {*roots} <= mine:
             return None

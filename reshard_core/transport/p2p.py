@@ -36,9 +36,8 @@ import torch
 import torch.distributed as dist
 
 from ..errors import TransportError
-from ..exchange import failures
+from ..exchange import failures, watcher
 from ..refit_group import view_of
-from ..store_calls import StoreSilent
 from ..transfer_group import TransferGroup
 from .copy_service import CopyService
 
@@ -261,18 +260,27 @@ class P2PCopyService(CopyService):
                 except Exception as exc:
                     self._fail(flight, index, exc)
 
-        if not self.reads_failure_board or all(_finished(item) for item in flight.issued):
-            wait_all()  # done already (a backend whose requests say so; Gloo's P2P ones never do)
+        board = None
+        if self.reads_failure_board and not all(_finished(item) for item in flight.issued):
+            board = failures.board_for(
+                self.view, lambda: f"{self.name}: {list_ops(flight.ops)}", self.timeout
+            )
+        if board is None:
+            wait_all()  # no board to read, or done already (Gloo's P2P requests never say so)
         else:
-            try:
-                failures.wait_for(
-                    wait_all, self.view, lambda: f"{self.name}: {list_ops(flight.ops)}", self.timeout
-                )
-            except (failures.PeerFailed, StoreSilent):
-                self.keep_alive(flight)  # the helper thread still waits on it, until its deadline
-                self._owns_comm = False  # closing would block on that wait: the comm is left to the process
-                raise
+            with watcher.watching(board, lambda: self._break(flight)) as watch:
+                try:
+                    wait_all()
+                except Exception as exc:
+                    if watch.error is not None:  # the watcher broke the wait: a peer's own failure
+                        raise watch.error from exc
+                    board.raise_any(exc)
+                    raise
         self._finish(flight.ops)
+
+    def _break(self, flight: InFlight) -> None:
+        """From the watcher thread: make this rank's blocked wait on ``flight`` raise now (a peer's
+        failure was confirmed); backends that can abort a wait from another thread override it."""
 
     def _fail(self, flight: InFlight, index: int, exc: BaseException) -> None:
         failed = flight.issued[index]

@@ -292,7 +292,7 @@ def test_a_rank_stalled_before_the_exchange_is_named_by_its_peers_within_the_tim
     assert peers == [
         (
             f"TransportError: rank {r}: refit could not start: rank [0] of [0-2] did not join within 5 s "
-            "(failed, exited or stalled): Operation timed out!",
+            "(failed, exited or stalled): timed out after 5 s",
             True,
         )
         for r in (1, 2)

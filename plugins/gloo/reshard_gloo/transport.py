@@ -112,6 +112,18 @@ class GlooCopyService(P2PCopyService):
             except Exception:
                 pass
 
+    def _break(self, flight: InFlight) -> None:
+        # From the watcher thread: a 1 ms wait on a request already on the wire times out, which
+        # closes this rank's Gloo pairs, so the wait blocked on the calling thread raises at once.
+        for item in flight.issued:
+            work = item.work.work if isinstance(item.work, _DeferredSend) else item.work
+            if work is not None:
+                try:
+                    work.wait(datetime.timedelta(milliseconds=1))
+                except Exception:
+                    pass
+                return
+
 
 class _DeferredSend:
     """The request of a staged device send: ``work`` once flushed (a wait flushes first)."""
