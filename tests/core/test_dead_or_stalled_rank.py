@@ -23,8 +23,7 @@ import signal
 import time
 
 import pytest
-import torch
-from torch import nn
+from three_ranks import models
 
 from reshard_core.testing.world import WorldStopped, run_world
 
@@ -36,18 +35,9 @@ SLACK = 2.0
 
 def _world(rank: int, world: int, victim: int, how: str) -> None:
     import reshard_core
-    from reshard_core import declare_layout
     from reshard_core.testing.world import emit
 
-    src = dst = None
-    if rank == 0:
-        src = nn.Module()
-        src.w = nn.Parameter(torch.arange(32.0).reshape(8, 4))
-        declare_layout(src.w, ranks=(0,))
-    else:
-        dst = nn.Module()
-        dst.w = nn.Parameter(torch.zeros(4, 4))
-        declare_layout(dst.w, dim=0, ranks=(1, 2))
+    src, dst = models(rank)
     reshard_core.refit(src, dst, timeout=TIMEOUT, verify=True)  # one good refit: the transport is warm
     if rank == victim:
         from reshard_gloo.transport import GlooCopyService

@@ -21,6 +21,7 @@ import time
 
 import pytest
 import torch
+from three_ranks import models
 from torch import nn
 
 from reshard_core.testing.world import run_world
@@ -30,21 +31,6 @@ pytestmark = pytest.mark.slow
 TIMEOUT = 3.0
 SLACK = 1.0  # every healthy rank raises within TIMEOUT + SLACK
 AT_ONCE = TIMEOUT / 2  # a published failure ends the peers' waits long before the timeout
-
-
-def _models(rank: int):
-    from reshard_core import declare_layout
-
-    src = dst = None
-    if rank == 0:
-        src = nn.Module()
-        src.w = nn.Parameter(torch.arange(32.0).reshape(8, 4))
-        declare_layout(src.w, ranks=(0,))
-    else:
-        dst = nn.Module()
-        dst.w = nn.Parameter(torch.zeros(4, 4))
-        declare_layout(dst.w, dim=0, ranks=(1, 2))
-    return src, dst
 
 
 class _Garbage:
@@ -110,7 +96,7 @@ def _break(rank: int, how: str, src, dst):
 def _world(rank: int, world: int, how: str):
     import reshard_core
 
-    src, dst = _models(rank)
+    src, dst = models(rank)
     reshard_core.refit(src, dst, timeout=TIMEOUT)  # one good refit: the transport is warm
     src, dst, options = _break(rank, how, src, dst)
     start = time.monotonic()
@@ -252,7 +238,7 @@ def _refused_then_late(rank: int, world: int) -> tuple[str, str]:
     after the others for a good refit. The refusal was no one rank's failure: nothing stands."""
     import reshard_core
 
-    src, dst = _models(rank)
+    src, dst = models(rank)
     wrong = None
     if dst is not None:  # 5 columns where the source has 4
         wrong = nn.Module()

@@ -13,7 +13,7 @@ import time
 
 import pytest
 import torch
-from torch import nn
+from three_ranks import models
 
 from reshard_core.errors import TransportError
 from reshard_core.testing.world import WorldError, run_world
@@ -21,22 +21,6 @@ from reshard_core.testing.world import WorldError, run_world
 pytestmark = pytest.mark.slow
 
 TIMEOUT = 2.0
-
-
-def _models(rank: int):
-    """Rank 0 holds the (8, 4) source; ranks 1 and 2 hold 4-row halves of the destination."""
-    from reshard_core import declare_layout
-
-    src = dst = None
-    if rank == 0:
-        src = nn.Module()
-        src.w = nn.Parameter(torch.arange(32.0).reshape(8, 4))
-        declare_layout(src.w, ranks=(0,))
-    else:
-        dst = nn.Module()
-        dst.w = nn.Parameter(torch.zeros(4, 4))
-        declare_layout(dst.w, dim=0, ranks=(1, 2))
-    return src, dst
 
 
 def _break_rank0(how: str) -> None:
@@ -56,7 +40,7 @@ def _break_rank0(how: str) -> None:
 def _world(rank: int, world: int, how: str):
     import reshard_core
 
-    src, dst = _models(rank)
+    src, dst = models(rank)
     reshard_core.refit(src, dst, timeout=TIMEOUT)
     good = dst is None or torch.equal(dst.w, torch.arange(32.0).reshape(8, 4)[4 * (rank - 1) : 4 * rank])
     if rank == 0:
