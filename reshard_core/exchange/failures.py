@@ -66,7 +66,10 @@ _lock = threading.Lock()
 
 
 class PeerFailed(TransportError):
-    """A peer published its own error while this rank waited for it."""
+    """A peer published its own error while this rank waited for it (``own_error``), or relays
+    named the rank that failed first."""
+
+    own_error: bool = False
 
 
 def blame(exc: TransportError, ranks: Any) -> TransportError:
@@ -80,24 +83,22 @@ def _peer_gone(exc: BaseException) -> bool:
     """Whether ``exc`` says a peer (or the store's host) died or stalled: its waits were abandoned,
     so the group cannot pair its calls again. A peer that raised its own error (``PeerFailed`` with
     its words) took part until then: the transports that failed are closed and rebuilt."""
-    if isinstance(exc, PeerFailed) and getattr(exc, "own_error", False):
+    if isinstance(exc, PeerFailed) and exc.own_error:
         return False
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, StoreSilent):
-            return True
-        seen = seen.__cause__
-    return bool(_culprits(exc))
+    return any(isinstance(e, StoreSilent) for e in _chain(exc)) or bool(_culprits(exc))
 
 
 def _culprits(exc: BaseException) -> tuple[int, ...]:
     """The peers ``exc`` (or an error it was raised from) blames, if any."""
+    return next((e.culprits for e in _chain(exc) if getattr(e, "culprits", None)), ())  # type: ignore[attr-defined]
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the errors it was raised from, newest first."""
     seen: BaseException | None = exc
     while seen is not None:
-        if getattr(seen, "culprits", None):
-            return seen.culprits  # type: ignore[attr-defined]
+        yield seen
         seen = seen.__cause__
-    return ()
 
 
 @contextmanager
@@ -254,12 +255,11 @@ def wait_in_steps(
     waits at most ``s`` seconds and says whether the wait is over (raising what the wait raises).
     Returns False when ``timeout`` passed first. No helper thread: a wait that ends within its first
     step costs nothing more than the wait."""
-    watched_here = view.key in _active and view.store() is not None
+    board = board_for(view, what, timeout)
     deadline = None if timeout is None else time.monotonic() + timeout
-    first = FIRST_TICK if watched_here else POLL
+    first = FIRST_TICK if board is not None else POLL
     if step(first if deadline is None else min(first, timeout)):
         return True
-    board = Board(view, what, deadline) if watched_here else None
     if board is not None and on_slow is not None:
         on_slow()
     while True:
@@ -329,7 +329,7 @@ class Board:
         if own:
             texts = "; ".join(f"rank {r} failed: {text}" for r, text in own)
             error = blame(PeerFailed(f"rank {me}: {self._what()}: {texts}"), [r for r, _ in own])
-            error.own_error = True  # type: ignore[attr-defined]
+            error.own_error = True
             return error
         roots = sorted({c for blamed, _ in parsed.values() for c in blamed if c not in parsed and c != me})
         if not roots or {*roots} <= mine:

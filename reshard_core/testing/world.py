@@ -261,7 +261,8 @@ class _Stdio:
 
     def adopt(self) -> None:
         """In the rank: make the carried descriptors its fds 1 and 2."""
-        for target, carried in zip((1, 2), self.fds or (None, None), strict=True):
+        assert self.fds is not None, "adopt() runs in the rank, on the unpickled copy"
+        for target, carried in zip((1, 2), self.fds, strict=True):
             fd = carried.detach()
             if fd != target:
                 os.dup2(fd, target)
