@@ -3,7 +3,7 @@
 ``prepare`` (``api``) builds one (``build.pipeline``) and caches it (``session_cache``); later
 refits whose models still look the same on every rank reuse it and skip extraction, exchange and
 planning. ``Session.refit()`` runs it without the agreement round: each rank checks only its own
-models (``fingerprints``) and raises on a change.
+models (``fingerprints``), and one flag in the start round makes every rank raise on a change.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from . import fingerprints, session_cache, versions
 from .errors import ReshardError
 from .exchange import failures
-from .exchange.agree import start_together
+from .exchange.agree import finish_together, start_together
 from .execute.delta_state import DeltaState
 from .execute.executor import execute_plan
 from .execute.memo import ExecMemo
@@ -73,9 +73,9 @@ class Session:
         all-gather) that the cached session still fits, and rebuilds it everywhere if not. This
         method skips both: each rank checks that its models still hold the same submodules and that
         every tensor it was prepared with still sits where it was (same module attribute; same
-        shape, dtype, stride, storage and layout), and raises ``ReshardError`` before any data moves
-        if not or if a model was collected. Its peers then fail with ``TransportError`` within
-        ``timeout``; after a change call ``prepare`` again on every rank. After a ``TransportError``
+        shape, dtype, stride, storage and layout); if not, or if a model was collected, every rank
+        raises that rank's ``ReshardError`` alike before any data moves (the start round carries
+        it); after a change call ``prepare`` again on every rank. After a ``TransportError``
         this session's transport is closed (when reshard made it) and forgotten: call ``prepare`` (or
         ``refit``) again for a fresh one. Collective with every peer of the plan.
         """
@@ -132,9 +132,11 @@ class Session:
                     transform=self.transforms or None, cast=cast, pool=self.pool, memo=self.memo,
                     verify=self.options.verify, delta=self.delta,
                 )  # fmt: skip
-                if self.options.verify:  # every rank raises a mismatch that any receiver found
-                    with failures.raised_alike():
+                with failures.raised_alike():  # the closing round: every rank succeeds, or none does
+                    if self.options.verify:  # and every rank raises a mismatch any receiver found
                         raise_mismatches(stats, self.options.group, self.transport.timeout)
+                    else:
+                        finish_together(self.options.group, self.transport.timeout)
                 return stats
             except Exception:
                 session_cache.forget_transport(self.transport)

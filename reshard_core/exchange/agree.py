@@ -1,16 +1,17 @@
-"""The agreement round: one tiny all-gather before every ``refit`` and ``prepare``.
+"""The rounds every rank of a refit joins, whatever failed: the start, the agreement, the close.
 
-It tells every rank, from every rank's own view: whether the cached session is still valid
-everywhere (a change on any rank makes every rank rebuild, never a stale plan), which ranks pass a
-source and a destination model, each rank's model format codes (``build.sides.format_code``) and
-its option digests (``exchange.options``), so that every rank raises the same error on a mismatch.
-
-A rank whose own checks failed before the round (a destination that is no module, a lazy
-parameter, an unknown format or transport) still joins it and says so; then every rank joins a
-second all-gather of those errors and raises the same one (``Agreement.raise_errors``). No rank
-skips the round, so no later collective pairs with the wrong call.
+The start: one all-reduce of one flag, whether any rank's own checks failed (a destination that is
+no module, a lazy parameter, an unknown format or transport, a prepared session whose models
+changed, a ``refuse_refit``); when one did, every rank joins an all-gather of those errors and
+raises the same one (``raise_errors``), before any data moves. ``refit`` and ``prepare`` follow it
+with the agreement (one tiny all-gather): whether the cached session is still valid everywhere (a
+change on any rank makes every rank rebuild, never a stale plan), which ranks pass a source and a
+destination model, each rank's model format codes (``build.sides.format_code``) and its option
+digests (``exchange.options``), so that every rank raises the same error on a mismatch. A prepared
+``Session.refit`` needs only the start. The close (``finish_together``), after the data moved, makes
+a rank whose own part succeeded raise when another rank's failed. No rank skips a round, so no
+later collective pairs with the wrong call.
 """
-
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -77,26 +78,46 @@ def agree(
 ) -> Agreement:
     """Share this rank's flags, format ``codes``, option ``digests`` and own ``error`` (if its checks
     failed) with every rank of ``group``. Collective; bounded by ``timeout`` when given
-    (``TransportError`` naming the refit's start)."""
-    flags = [int(error is not None), int(valid), int(has_src), int(has_dst), *codes, *digests]
-    rows = _gather_ints(flags, group, timeout)
-    failed = _gather_errors(error, group, timeout) if any(f[0] for f in rows.values()) else {}
+    (``TransportError`` naming the refit's start). Its first collective is ``start_together``'s
+    (whether any rank failed, then only then the errors), so a rank that calls ``refuse_refit``
+    meets its peers whether they call ``refit`` or a prepared ``Session.refit``."""
+    if _any_rank(error is not None, group, timeout, "refit could not start"):  # as start_together
+        return Agreement(False, ((), ()), {}, {}, errors=_gather_errors(error, group, timeout))
+    rows = _gather_ints([int(valid), int(has_src), int(has_dst), *codes, *digests], group, timeout)
     return Agreement(
-        valid=all(f[1] for f in rows.values()),
-        sides=(tuple(r for r, f in rows.items() if f[2]), tuple(r for r, f in rows.items() if f[3])),
-        codes={r: (f[4], f[5]) for r, f in rows.items()},
-        digests={r: tuple(f[6:]) for r, f in rows.items()},
-        errors=failed,
+        valid=all(f[0] for f in rows.values()),
+        sides=(tuple(r for r, f in rows.items() if f[1]), tuple(r for r, f in rows.items() if f[2])),
+        codes={r: (f[3], f[4]) for r, f in rows.items()},
+        digests={r: tuple(f[5:]) for r, f in rows.items()},
     )
 
 
 def start_together(error: BaseException | None, group, timeout: float | None) -> None:
-    """The start round of a prepared ``Session.refit``: one all-gather of one flag per rank, and of
-    the errors when a rank's own checks failed; then every rank raises that error alike
-    (``raise_errors``), or every rank goes on. Collective over ``group``, bounded by ``timeout``."""
-    rows = _gather_ints([int(error is not None)], group, timeout)
-    if any(row[0] for row in rows.values()):  # every rank sees it: every rank joins the errors' round
-        raise_errors(_gather_errors(error, group, timeout))
+    """The start round of a prepared ``Session.refit``: one all-reduce of one flag (whether any
+    rank's own checks failed), and then, only when one did, an all-gather of the errors, which every
+    rank raises alike (``raise_errors``); else every rank goes on. Collective over ``group``, bounded
+    by ``timeout``."""
+    if _any_rank(error is not None, group, timeout, "refit could not start"):
+        raise_errors(_gather_errors(error, group, timeout))  # every rank saw the flag: every rank joins
+
+
+def finish_together(group, timeout: float | None) -> None:
+    """The closing round of a refit whose data moved without error on this rank: it returns once
+    every rank's did. A rank whose data phase failed raises at once and leaves its error on the
+    failure board, so a rank that finished its own part (e.g. it received only from a neighbour of
+    a rank that died) raises that error here instead of reporting a success. Collective over
+    ``group``, bounded by ``timeout``; a verified refit closes with ``verify.raise_mismatches``."""
+    _any_rank(False, group, timeout, "refit could not finish")
+
+
+def _any_rank(flag: bool, group, timeout: float | None, what: str) -> bool:
+    """Whether ``flag`` holds on any rank of ``group``: a one-element all-reduce, which Gloo runs in
+    a fraction of the time of an all-gather (0.8 ms against 4 ms for four ranks on two cores)."""
+    view = view_of(group)
+    value = torch.tensor([int(flag)], dtype=torch.int32, device="cuda" if view.backend == "nccl" else "cpu")
+    work = dist.all_reduce(value, op=dist.ReduceOp.MAX, group=view.pg, async_op=True)
+    bounded.wait(work, timeout, group, what)
+    return bool(value.item())
 
 
 def _gather_ints(values: list[int], group, timeout: float | None) -> dict[int, list[int]]:

@@ -22,7 +22,7 @@ from ..errors import TransportError
 from ..plan.describe import format_ranks
 from ..refit_group import RefitGroup, view_of
 from ..store_calls import StoreSilent, call
-from . import failures
+from . import broken, failures
 
 _sequence: dict[object, int] = {}
 _GRACE = 0.25  # seconds for marks of ranks that joined just before the deadline to land
@@ -51,9 +51,20 @@ def wait(work: Any, timeout: float | None, group: Any, what: str) -> None:
         return True
 
     try:
+        _wait(view, block, step, what, timeout, prefix)
+    except TransportError as exc:  # abandoned: the collective may still pair with a later call
+        broken.mark(view, exc)
+        raise
+
+
+def _wait(view: RefitGroup, block, step, what: str, timeout: float | None, prefix: str) -> None:
+    """``wait``'s body (``prefix``: where this wait's marks go in the store)."""
+    ranks = view.ranks
+    on_slow = lambda: _mark(view, prefix)  # noqa: E731
+    try:
         if view.backend != "gloo":  # a timed-out wait may abort another backend's communicator
-            failures.wait_for(block, view, what, timeout, on_slow=lambda: _mark(view, prefix))
-        elif not failures.wait_in_steps(step, view, what, timeout, on_slow=lambda: _mark(view, prefix)):
+            failures.wait_for(block, view, what, timeout, on_slow=on_slow)
+        elif not failures.wait_in_steps(step, view, what, timeout, on_slow=on_slow):
             raise TimeoutError(f"timed out after {timeout:g} s")
     except TransportError:  # a peer's own error, or the store's host stopped answering
         raise

@@ -140,11 +140,13 @@ def watched(group: Any) -> Iterator[None]:
 def raised_alike() -> Iterator[None]:
     """Errors raised inside are raised alike by every rank, after an agreement round (a verdict, a
     plan every rank validates): no peer waits for this rank, so ``watched`` does not publish them
-    (a record would outlive the refit and stand in the way of the next one)."""
+    (a record would outlive the refit and stand in the way of the next one). A round that itself
+    failed (a peer died, stalled or failed on its own) is not an error raised alike: it travels."""
     try:
         yield
     except ReshardError as exc:
-        exc.raised_alike = True  # type: ignore[attr-defined]
+        if not isinstance(exc, PeerFailed) and not _peer_gone(exc):
+            exc.raised_alike = True  # type: ignore[attr-defined]
         raise
 
 
@@ -258,23 +260,25 @@ def wait_in_steps(
     board = board_for(view, what, timeout)
     deadline = None if timeout is None else time.monotonic() + timeout
     first = FIRST_TICK if board is not None else POLL
-    if step(first if deadline is None else min(first, timeout)):
-        return True
-    if board is not None and on_slow is not None:
-        on_slow()
+    left, slow = (None if deadline is None else timeout), False
     while True:
-        if board is not None:
-            board.raise_confirmed()
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
-            return False
         try:
-            if step(POLL if left is None else min(POLL, left)):
+            if step(first if left is None else min(first, left)):
                 return True
         except Exception as exc:  # a peer that published and left closes its connections at once
             if board is not None:
                 board.raise_any(exc)
             raise
+        if board is not None:
+            if not slow and on_slow is not None:
+                on_slow()
+            board.raise_confirmed()
+        first, slow = POLL, True
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            if board is not None:
+                board.raise_late()
+            return False
 
 
 class Board:
@@ -313,6 +317,16 @@ class Board:
         culprits = _culprits(cause)
         if culprits:
             publish(self.view, cause, culprits)
+        self._read_until(end, cause)
+
+    def raise_late(self) -> None:
+        """The wait timed out: raise ``PeerFailed`` for any record that stands now or lands within
+        ``RELAY_WAIT`` (a peer that timed out on the rank that failed first relays it just as late);
+        else return."""
+        self.raise_confirmed(at_once=True)
+        self._read_until(time.monotonic() + RELAY_WAIT, None)
+
+    def _read_until(self, end: float, cause: BaseException | None) -> None:
         while time.monotonic() < end:
             time.sleep(POLL)
             self.raise_confirmed(at_once=True, cause=cause)

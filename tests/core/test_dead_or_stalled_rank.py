@@ -33,12 +33,12 @@ TIMEOUT = 3.0
 SLACK = 2.0
 
 
-def _world(rank: int, world: int, victim: int, how: str) -> None:
+def _world(rank: int, world: int, victim: int, how: str, verify: bool) -> None:
     import reshard_core
     from reshard_core.testing.world import emit
 
     src, dst = models(rank)
-    reshard_core.refit(src, dst, timeout=TIMEOUT, verify=True)  # one good refit: the transport is warm
+    reshard_core.refit(src, dst, timeout=TIMEOUT, verify=verify)  # one good refit: the transport is warm
     if rank == victim:
         from reshard_gloo.transport import GlooCopyService
 
@@ -46,8 +46,8 @@ def _world(rank: int, world: int, victim: int, how: str) -> None:
             os.kill(os.getpid(), signal.SIGSTOP if how == "stop" else signal.SIGKILL)
 
         GlooCopyService.start = start
-    outcome = _timed(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT, verify=True))
-    again = _timed(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT, verify=True))
+    outcome = _timed(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT, verify=verify))
+    again = _timed(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT, verify=verify))
     emit("outcome", (*outcome, *again))
     time.sleep(60)  # the test ends the world once both survivors reported
 
@@ -62,7 +62,7 @@ def _timed(attempt) -> tuple[float, str]:
     return time.monotonic() - start, text
 
 
-def _outcomes(victim: int, how: str) -> dict[int, tuple[float, str]]:
+def _outcomes(victim: int, how: str, verify: bool = True) -> dict[int, tuple[float, str]]:
     outcomes: dict[int, tuple[float, str]] = {}
 
     def on_event(rank: int, kind: str, data: tuple[float, str]) -> None:
@@ -72,10 +72,10 @@ def _outcomes(victim: int, how: str) -> dict[int, tuple[float, str]]:
         return "both survivors reported" if len(outcomes) == 2 else None
 
     with pytest.raises(WorldStopped):
-        run_world(_world, 3, victim, how, timeout=120, on_event=on_event, watchdog=watchdog)
+        run_world(_world, 3, victim, how, verify, timeout=120, on_event=on_event, watchdog=watchdog)
     assert sorted(outcomes) == sorted({0, 1, 2} - {victim}), outcomes
     for rank, (seconds, text, again_seconds, again) in outcomes.items():
-        assert text.startswith("TransportError: "), (rank, text)
+        assert text.startswith(("TransportError: ", "PeerFailed: ")), (rank, text)  # PeerFailed is one
         assert seconds < TIMEOUT + SLACK, (rank, seconds, text)
         # the next refit on the group raises at once, before any collective, saying how to go on
         broken = f"BrokenGroup: rank {rank}: this refit group is broken: an earlier refit on it failed "
@@ -104,3 +104,14 @@ def test_a_rank_that_only_waits_on_a_neighbour_names_the_rank_that_failed_first(
     assert "recv from rank 0" in texts[2], texts[2]  # what it waited for, and who failed first:
     assert "rank 1 failed first (seen by rank 0: TransportError: " in texts[2], texts[2]
     assert "send to rank 1" in texts[2], texts[2]
+
+
+@pytest.mark.parametrize("how", ["stop", "kill"])
+def test_a_rank_whose_own_part_succeeded_still_raises_naming_the_rank_that_failed_first(how: str) -> None:
+    """Without ``verify`` rank 2 has nothing to wait for after its data from rank 0 arrived: it used
+    to return success while rank 0 raised. The closing round makes it raise, naming rank 1."""
+    texts = _outcomes(1, how, verify=False)
+    first_hand = "timed out after 3 s" if how == "stop" else "connection closed by the peer"
+    assert "gloo: send to rank 1" in texts[0] and first_hand in texts[0], texts[0]
+    assert texts[2].startswith("PeerFailed: rank 2: refit could not finish: rank 1 failed first "), texts[2]
+    assert "(seen by rank 0: TransportError: " in texts[2] and "send to rank 1" in texts[2], texts[2]
