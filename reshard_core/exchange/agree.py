@@ -12,6 +12,7 @@ digests (``exchange.options``), so that every rank raises the same error on a mi
 a rank whose own part succeeded raise when another rank's failed. No rank skips a round, so no
 later collective pairs with the wrong call.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

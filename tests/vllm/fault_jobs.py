@@ -179,8 +179,9 @@ def worker_fault_job(rank: int, world: int, url: str, model_dir: str, seeds: lis
     lands (``model_for(seeds[0])``, version ``before-faults``); then, with
     ``model_for(seeds[1])`` loaded, each case of ``WORKER_FAULTS`` in turn: rank 0 arms the fault,
     and every rank records the outcome of ``send_weights`` (or, for "init", of a new
-    ``trainer_init``); rank 0 then records what the engine serves and its version. Last, a new
-    ``trainer_init`` and one update that lands (version ``after-faults``). Returns on every rank
+    ``trainer_init``); rank 0 then records what the engine serves and its version. Then trainer
+    rank 1 fails on its own (``"trainer"``, with its seconds) after a new ``trainer_init``, whose
+    group then makes one update that lands (version ``after-faults``). Returns on every rank
     ``{"before-init": text, "outcomes": {case: text}}``, and on rank 0 also ``"good"``,
     ``"served"`` (``{case: [tokens, version]}``) and ``"last"`` (tokens, logprobs, version)."""
     from reshard_vllm import ReshardTrainerWeightTransferEngine
@@ -217,7 +218,18 @@ def worker_fault_job(rank: int, world: int, url: str, model_dir: str, seeds: lis
             out["served"][case] = served()
         dist.barrier()
     engine = _engine(rank, world, url, 0, model, timeout=5)
-    engine.send_weights(version="after-faults")
+    # trainer rank 1 fails on its own (its source is no module): every rank hears it in the refit's
+    # start round, the workers too, so nobody waits out the timeout, and the weights stay
+    if rank == 1:
+        engine.model = {"w": next(model.parameters())}
+    start = time.monotonic()
+    out["trainer"] = outcome(lambda: engine.send_weights(version="trainer-fault"))
+    out["trainer_seconds"] = time.monotonic() - start
+    engine.model = model
+    if rank == 0:
+        out["served"]["trainer"] = served()
+    dist.barrier()
+    engine.send_weights(version="after-faults")  # the same group refits again
     if rank == 0:
         out["last"] = served()
     engine.shutdown()

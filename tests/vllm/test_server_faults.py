@@ -119,8 +119,9 @@ def test_a_call_failing_on_one_worker_or_both_is_refused_alike_and_the_weights_s
     finish, init) made to fail on worker 1 only, then on both
     (``fault_injection``): every trainer rank raises, naming exactly the workers that failed; the
     engine keeps serving the weights and the version of the last update that landed (never worker
-    0's half of a new one); and the next call is answered by its own replies, up to a new init and
-    an update that is served (checked against transformers)."""
+    0's half of a new one); and the next call is answered by its own replies. A trainer rank whose
+    source is no module fails every rank alike without waiting out the timeout. Last, a new init
+    and an update that is served (checked against transformers)."""
     server = llama_tp2_server
     seeds = [63, 64]
     [first, second] = run_world(worker_fault_job, 2, server.url, server.model_dir, seeds, timeout=600)
@@ -144,6 +145,14 @@ def test_a_call_failing_on_one_worker_or_both_is_refused_alike_and_the_weights_s
         else:
             assert texts[0] == texts[1], (case, texts)  # the same words on every trainer rank
         assert first["served"][case] == good, f"{case}: the engine serves something else than before"
+    texts = [first["trainer"], second["trainer"]]
+    assert texts[0] == texts[1], texts  # a trainer rank's own error: the same words everywhere, at once
+    kept = "ReshardError: weight update failed, previous weights kept on every worker: "
+    assert texts[0].startswith(kept), texts
+    assert "rank 1: the source model must be a torch.nn.Module" in texts[0], texts
+    seconds = max(first["trainer_seconds"], second["trainer_seconds"])
+    assert seconds < 5.0, seconds  # the group's timeout: nobody waited it out
+    assert first["served"]["trainer"] == good, "the engine serves another model after a trainer error"
     tokens, logprobs, version = first["last"]
     assert version == "after-faults"
     _check_served(tokens, logprobs, seeds[1])
