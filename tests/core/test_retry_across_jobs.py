@@ -10,6 +10,7 @@ every rank answers by preparing again, as its error says).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -53,6 +54,18 @@ def _cases(use_session: bool) -> list[str | None]:
     return [attempt for kind in kinds for attempt in (kind, None, None)]
 
 
+def _timed(attempt: Callable[[], str]) -> tuple[str, float]:
+    """``(outcome, seconds)`` of one attempt: its own text, or the error it raised."""
+    import reshard_core
+
+    start = time.monotonic()
+    try:
+        text = attempt()
+    except reshard_core.ReshardError as exc:
+        text = f"{type(exc).__name__}: {exc}"
+    return text, time.monotonic() - start
+
+
 def _trainer(rank: int, world: int, port: int, use_session: bool) -> list[tuple[str, float]]:
     import reshard_core
 
@@ -67,18 +80,17 @@ def _trainer(rank: int, world: int, port: int, use_session: bool) -> list[tuple[
         if broken == "replaced":
             model.w = nn.Parameter(model.w.detach().clone(), requires_grad=False)
             declare_layout(model.w, dim=0)
-        start = time.monotonic()
-        try:
+
+        def attempt(broken: str | None = broken, session: reshard_core.Session | None = session) -> str:
             if broken == "refused":
                 reshard_core.refuse_refit(RuntimeError("its source could not be gathered"), options)
             src = {"w": model.w} if broken == "not_a_module" else model
             session.refit() if session is not None else reshard_core.refit(src, None, options)
-            text = "ok"
-        except reshard_core.ReshardError as exc:
-            text = f"{type(exc).__name__}: {exc}"
-            if session is not None:
-                session = reshard_core.prepare(model, None, options)
-        out.append((text, time.monotonic() - start))
+            return "ok"
+
+        out.append(_timed(attempt))
+        if session is not None and out[-1][0] != "ok":  # as the error says: prepare again
+            session = reshard_core.prepare(model, None, options)
     group.close()
     return out
 
@@ -93,16 +105,14 @@ def _engine(rank: int, world: int, port: int, use_session: bool) -> list[tuple[s
     session = reshard_core.prepare(None, model, options) if use_session else None
     out = []
     for step, _ in enumerate(_cases(use_session)):
-        start = time.monotonic()
-        try:
+
+        def attempt(step: int = step, session: reshard_core.Session | None = session) -> str:
             session.refit() if session is not None else reshard_core.refit(None, model, options)
-            exact = torch.equal(model.w, _weights(step).chunk(2, 1)[rank])
-            text = "ok" if exact else "wrong values"
-        except reshard_core.ReshardError as exc:
-            text = f"{type(exc).__name__}: {exc}"
-            if session is not None:
-                session = reshard_core.prepare(None, model, options)
-        out.append((text, time.monotonic() - start))
+            return "ok" if torch.equal(model.w, _weights(step).chunk(2, 1)[rank]) else "wrong values"
+
+        out.append(_timed(attempt))
+        if session is not None and out[-1][0] != "ok":
+            session = reshard_core.prepare(None, model, options)
     group.close()
     return out
 
