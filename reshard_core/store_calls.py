@@ -5,6 +5,8 @@ that hosts the store stalled (SIGSTOP, a debugger, a swapped-out host), every ra
 hang there for good. ``call`` runs one store call on a short-lived helper thread and waits for it at
 most ``seconds``; a store that did not answer is remembered, so later calls on it fail at once
 instead of each waiting again (its helper thread stays blocked until the host answers or dies).
+A store whose host exited answers every call at once with a network error: ``call`` raises
+``StoreSilent`` for it too, naming the host.
 
 Only failure and slow paths touch the store (the failure board, the marks of a slow wait, the
 store-based rounds of a ``TransferGroup``), so the helper thread costs nothing on a refit where
@@ -23,12 +25,20 @@ from .errors import TransportError
 
 T = TypeVar("T")
 
+try:  # a TCPStore whose host is gone raises this on every call (torch >= 2.3)
+    from torch.distributed import DistNetworkError as _NetworkError
+
+    _NETWORK_ERRORS: tuple[type[BaseException], ...] = (_NetworkError,)
+except Exception:  # older torch: only a silent store is told apart
+    _NETWORK_ERRORS = ()
+
 _silent: dict[int, str] = {}
 """``id(store)`` of the stores whose host did not answer, with the error to raise at once."""
 
 
 class StoreSilent(TransportError):
-    """A group's store did not answer within the time a refit had left: its host stalled or died."""
+    """A group's store did not answer within the time a refit had left (its host stalled or died),
+    or its connection broke (its host exited)."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +86,11 @@ def call(store: Any, fn: Callable[[Any], T], seconds: float, host: StoreHost) ->
     ok, value = outcome[0]
     if ok:
         return value
+    if isinstance(value, _NETWORK_ERRORS):  # the host closed its end: it exited (or was killed)
+        reason = str(value).strip().splitlines()[0] if str(value).strip() else type(value).__name__
+        text = f"the group's store (hosted by {host.name}) is gone ({reason})"
+        _silent[id(store)] = text
+        raise StoreSilent(f"{text}: {host.name} exited or its connection broke") from value
     raise value
 
 

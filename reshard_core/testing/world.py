@@ -145,15 +145,21 @@ def run_world(
 
 
 def run_jobs(
-    *jobs: tuple[Callable[..., Any], int, tuple], timeout: float = 120.0, pg_timeout: float = 60.0
+    *jobs: tuple[Callable[..., Any], int, tuple],
+    timeout: float = 120.0,
+    pg_timeout: float = 60.0,
+    on_event: Callable[[int, str, Any], None] | None = None,
+    watchdog: Callable[[], str | None] | None = None,
 ) -> list[list[Any]]:
     """Run several jobs at once, each ``(fn, world_size, args)`` in a Gloo world of its own (own
     port, own processes, like separate torchrun jobs); return each job's results in rank order.
 
     Jobs meet only through what ``args`` tells them (e.g. a ``TransferGroup`` address). Failures are
     reported as by ``run_world``, ranks named ``job J rank R`` when there is more than one job.
+    ``on_event`` and ``watchdog``: as for ``run_world`` (``on_event`` receives the rank within its
+    job; a rank that needs to be told apart across jobs says who it is in its data).
     """
-    return _run(list(jobs), timeout=timeout, pg_timeout=pg_timeout, on_event=None, watchdog=None,
+    return _run(list(jobs), timeout=timeout, pg_timeout=pg_timeout, on_event=on_event, watchdog=watchdog,
                 error_grace=None, env={})  # fmt: skip
 
 

@@ -1,0 +1,93 @@
+"""The process that hosts a ``TransferGroup``'s store (the trainer job's rank 0, as ``reshard-vllm``
+sets it up) stalls (SIGSTOP) or dies (SIGKILL) in the middle of a refit into an engine job: every
+other rank of both jobs raises within ``timeout`` + 2 s naming it, and its next refit on the group
+raises at once that the group is broken and how to go on.
+
+Trainer job: 2 ranks holding row halves of the source (group ranks 0, 1); engine job: 2 ranks
+holding column halves of the destination (group ranks 2, 3). After one good refit, group rank 0
+stops or kills itself where its transport would start. Survivors report ``(group rank, seconds,
+error, seconds, next error)`` with ``emit``; the test ends both jobs once all three reported.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from reshard_core.testing.world import WorldStopped, free_port, run_jobs
+
+pytestmark = pytest.mark.slow
+
+ROWS, COLS = 8, 6
+TIMEOUT = 3.0
+SLACK = 2.0
+SOURCE = torch.arange(float(ROWS * COLS)).reshape(ROWS, COLS)
+
+
+def _side(rank: int, world: int, port: int, how: str, trainer: bool) -> None:
+    import reshard_core
+    from reshard_core import TransferGroup, declare_layout
+    from reshard_core.testing.world import emit
+
+    me = rank if trainer else 2 + rank
+    job = range(0, 2) if trainer else range(2, 4)
+    group = TransferGroup.join("127.0.0.1", port, rank=me, size=4, job_ranks=job, timeout=30)
+    model = nn.Module()
+    w = SOURCE.chunk(2, 0)[rank].clone() if trainer else torch.zeros(ROWS, COLS // 2)
+    model.w = nn.Parameter(w, requires_grad=False)
+    declare_layout(model.w, dim=0 if trainer else 1)
+    src, dst = (model, None) if trainer else (None, model)
+    options = reshard_core.RefitOptions(group=group, timeout=TIMEOUT)
+    reshard_core.refit(src, dst, options)  # one good refit: the transport is warm
+    if me == 0:
+        from reshard_gloo.transport import GlooCopyService
+
+        def start(self):
+            os.kill(os.getpid(), signal.SIGSTOP if how == "stop" else signal.SIGKILL)
+
+        GlooCopyService.start = start
+    outcome = _timed(lambda: reshard_core.refit(src, dst, options))
+    again = _timed(lambda: reshard_core.refit(src, dst, options))
+    emit("outcome", (me, *outcome, *again))
+    time.sleep(60)  # the test ends both jobs once every survivor reported
+
+
+def _timed(attempt) -> tuple[float, str]:
+    start = time.monotonic()
+    try:
+        attempt()
+        text = "no error"
+    except Exception as exc:  # noqa: BLE001 - the text and the time are what the test checks
+        text = f"{type(exc).__name__}: {exc}"
+    return time.monotonic() - start, text
+
+
+@pytest.mark.parametrize("how", ["stop", "kill"])
+def test_the_transfer_groups_store_host_stalled_or_dead_is_named_by_both_jobs_in_time(how: str) -> None:
+    outcomes: dict[int, tuple] = {}
+
+    def on_event(rank: int, kind: str, data: tuple) -> None:
+        outcomes[data[0]] = data[1:]
+
+    port = free_port()
+    with pytest.raises(WorldStopped):
+        run_jobs((_side, 2, (port, how, True)), (_side, 2, (port, how, False)), timeout=120,
+                 on_event=on_event, watchdog=lambda: "reported" if len(outcomes) == 3 else None)  # fmt: skip
+    assert sorted(outcomes) == [1, 2, 3], outcomes
+    for rank, (seconds, text, again_seconds, again) in outcomes.items():
+        assert text.startswith(("TransportError: ", "StoreSilent: ")), (rank, text)  # StoreSilent is one
+        assert seconds < TIMEOUT + SLACK, (rank, seconds, text)
+        if how == "stop":
+            assert "the group's store (hosted by rank 0) did not answer within" in text, (rank, text)
+            assert text.endswith("rank 0 stalled or died"), (rank, text)
+        else:
+            assert "the group's store (hosted by rank 0) is gone (" in text, (rank, text)
+        broken = f"BrokenGroup: rank {rank}: this refit group is broken: an earlier refit on it failed "
+        assert again.startswith(broken), (rank, again)
+        assert again.endswith("close the transfer group and join a new one"), (rank, again)
+        assert again_seconds < 1.0, (rank, again_seconds)
