@@ -133,10 +133,9 @@ class Session:
                     verify=self.options.verify, delta=self.delta,
                 )  # fmt: skip
                 with failures.raised_alike():  # the closing round: every rank succeeds, or none does
-                    if self.options.verify:  # and every rank raises a mismatch any receiver found
+                    finish_together(self.options.group, self.transport.timeout)
+                    if self.options.verify:  # then every rank raises a mismatch any receiver found
                         raise_mismatches(stats, self.options.group, self.transport.timeout)
-                    else:
-                        finish_together(self.options.group, self.transport.timeout)
                 return stats
             except Exception:
                 session_cache.forget_transport(self.transport)

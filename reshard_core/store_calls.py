@@ -67,7 +67,7 @@ def call(store: Any, fn: Callable[[Any], T], seconds: float, host: StoreHost) ->
     ``fn`` propagate."""
     known = _silent.get(id(store))
     if known is not None:
-        raise StoreSilent(f"{known} in an earlier call; this group cannot refit again: {host.recover}")
+        raise StoreSilent(f"{known} (found before); this group cannot refit again: {host.recover}")
     outcome: list[tuple[bool, Any]] = []
 
     def run() -> None:

@@ -34,15 +34,15 @@ class BrokenGroup(TransportError):
 
 def mark(view: RefitGroup, exc: BaseException) -> None:
     """Record ``view``'s group as broken by ``exc`` (the first error is kept)."""
-    if view.key not in _broken or _broken[view.key][0] is not _pg(view):
+    if view.key not in _broken or _broken[view.key][0] is not identity(view):
         text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
-        _broken[view.key] = (_pg(view), text[:300])
+        _broken[view.key] = (identity(view), text[:300])
 
 
 def check(view: RefitGroup) -> None:
     """Raise ``BrokenGroup`` when an earlier refit on this very group failed while data moved."""
     entry = _broken.get(view.key)
-    if entry is None or entry[0] is not _pg(view):
+    if entry is None or entry[0] is not identity(view):
         return
     raise BrokenGroup(
         f"rank {view.rank}: this refit group is broken: an earlier refit on it failed while data "
@@ -51,7 +51,7 @@ def check(view: RefitGroup) -> None:
     )
 
 
-def _pg(view: RefitGroup) -> Any:
+def identity(view: RefitGroup) -> Any:
     """The object whose identity says "the same group": a new one after re-initialising."""
     if view.transfer is not None:
         return view.transfer

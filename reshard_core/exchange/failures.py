@@ -104,9 +104,10 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 @contextmanager
 def watched(group: Any) -> Iterator[None]:
     """Run one refit call (collective over ``group``) under the board: a group an earlier call left
-    broken raises at once (``broken``); this rank's record from an earlier call is taken down
-    first; an exception other than a ``TransportError`` is published for the peers, then re-raised;
-    so is a ``TransportError`` that blames peers (as a relay). Either marks the group broken."""
+    broken raises at once (``broken``; published for the peers); this rank's record from an earlier
+    call is taken down first; an exception other than a ``TransportError`` is published for the
+    peers, then re-raised; so is a ``TransportError`` that blames peers (as a relay). Either marks
+    the group broken."""
     try:
         view = view_of(group)
     except TransportError:  # no group to publish on (torch.distributed not set up): the body says so
@@ -115,7 +116,12 @@ def watched(group: Any) -> Iterator[None]:
     try:
         broken.check(view)
     except broken.BrokenGroup as exc:
-        exc.raised_alike = True  # type: ignore[attr-defined]  # nothing to publish: no peer waits
+        # for a peer that did not find the group broken (it failed on its own while this rank gave
+        # up on the closing round): it hears it at once instead of waiting out the start round. A
+        # record this rank left before (the failure that broke the group) stays: it names the cause
+        if view.key not in _published:
+            publish(view, exc)
+        exc.raised_alike = True  # type: ignore[attr-defined]
         raise
     if view.key in _published:
         _retract(view)

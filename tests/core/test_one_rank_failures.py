@@ -259,3 +259,61 @@ def _refused_then_late(rank: int, world: int) -> tuple[str, str]:
 def test_an_error_every_rank_raised_alike_does_not_stand_in_the_next_refit():
     results = run_world(_refused_then_late, 3, timeout=120, pg_timeout=60)
     assert results == [("PlanError", "exact")] * 3
+
+
+def _fails_landing_once(rank: int, world: int) -> list[tuple[float, str]]:
+    """Rank 1 fails on its own after its data arrived (landing it raises), so ranks 0 and 2 already
+    wait in the closing round; then every rank tries twice more."""
+    import reshard_core
+    from reshard_core.execute import executor
+
+    src, dst = models(rank)
+    out = []
+    for attempt in range(3):
+        land = executor.land
+        if rank == 1 and attempt == 0:
+
+            def broken_land(ctx, message):
+                raise RuntimeError("the destination's memory went away")
+
+            executor.land = broken_land
+        start = time.monotonic()
+        try:
+            reshard_core.refit(src, dst, timeout=TIMEOUT)
+            text = "no error"
+        except Exception as exc:  # noqa: BLE001 - the text is what the test checks
+            text = f"{type(exc).__name__}: {exc}"
+        finally:
+            executor.land = land
+        out.append((time.monotonic() - start, text))
+    return out
+
+
+def test_a_rank_failing_after_its_peers_finished_never_pairs_with_their_closing_round():
+    """Rank 1 fails on its own while ranks 0 and 2 wait in the closing round, and calls ``refit``
+    again at once. Its start round meets their closing round: before the rounds were stamped, the
+    two all-reduces paired silently (ranks 0 and 2 reported success for the failed refit, and every
+    later round was one call apart). Now every rank of that pairing raises that the ranks are out of
+    step (or, when ranks 0 and 2 read rank 1's record first, its error), at once, and from then on
+    every rank says the group is broken."""
+    results = run_world(_fails_landing_once, 3, timeout=120, pg_timeout=60)
+    reason = "RuntimeError: the destination's memory went away"
+    out_of_step = (
+        "the group's ranks are out of step (a rank whose previous refit failed on its own while its "
+        "peers were closing it has started another one)"
+    )
+    assert results[1][0][1] == reason, results[1][0]
+    for rank in (0, 2):
+        seconds, text = results[rank][0]
+        assert text in (
+            f"TransportError: rank {rank}: refit could not finish: {out_of_step}",
+            f"PeerFailed: rank {rank}: refit could not finish: rank 1 failed: {reason}",
+        ), text
+        assert seconds < AT_ONCE, seconds
+    seconds, text = results[1][1]
+    assert text == f"TransportError: rank 1: refit could not start: {out_of_step}", text
+    assert seconds < AT_ONCE, seconds
+    for rank, attempt in ((0, 1), (2, 1), (0, 2), (1, 2), (2, 2)):
+        seconds, text = results[rank][attempt]
+        assert text.startswith(f"BrokenGroup: rank {rank}: this refit group is broken: "), text
+        assert seconds < 1.0, (rank, attempt, seconds)
