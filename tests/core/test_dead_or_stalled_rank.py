@@ -18,12 +18,11 @@ the world (the victim never returns) once both reported.
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 
 import pytest
 from three_ranks import models
+from victims import stop_or_kill_at_transport_start, timed
 
 from reshard_core.testing.world import WorldStopped, run_world
 
@@ -40,26 +39,11 @@ def _world(rank: int, world: int, victim: int, how: str, verify: bool) -> None:
     src, dst = models(rank)
     reshard_core.refit(src, dst, timeout=TIMEOUT, verify=verify)  # one good refit: the transport is warm
     if rank == victim:
-        from reshard_gloo.transport import GlooCopyService
-
-        def start(self):
-            os.kill(os.getpid(), signal.SIGSTOP if how == "stop" else signal.SIGKILL)
-
-        GlooCopyService.start = start
-    outcome = _timed(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT, verify=verify))
-    again = _timed(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT, verify=verify))
+        stop_or_kill_at_transport_start(how)
+    outcome = timed(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT, verify=verify))
+    again = timed(lambda: reshard_core.refit(src, dst, timeout=TIMEOUT, verify=verify))
     emit("outcome", (*outcome, *again))
     time.sleep(60)  # the test ends the world once both survivors reported
-
-
-def _timed(attempt) -> tuple[float, str]:
-    start = time.monotonic()
-    try:
-        attempt()
-        text = "no error"
-    except Exception as exc:  # noqa: BLE001 - the text and the time are what the test checks
-        text = f"{type(exc).__name__}: {exc}"
-    return time.monotonic() - start, text
 
 
 def _outcomes(victim: int, how: str, verify: bool = True) -> dict[int, tuple[float, str]]:

@@ -11,13 +11,12 @@ error, seconds, next error)`` with ``emit``; the test ends both jobs once all th
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 
 import pytest
 import torch
 from torch import nn
+from victims import stop_or_kill_at_transport_start, timed
 
 from reshard_core.testing.world import WorldStopped, free_port, run_jobs
 
@@ -45,26 +44,11 @@ def _side(rank: int, world: int, port: int, how: str, trainer: bool) -> None:
     options = reshard_core.RefitOptions(group=group, timeout=TIMEOUT)
     reshard_core.refit(src, dst, options)  # one good refit: the transport is warm
     if me == 0:
-        from reshard_gloo.transport import GlooCopyService
-
-        def start(self):
-            os.kill(os.getpid(), signal.SIGSTOP if how == "stop" else signal.SIGKILL)
-
-        GlooCopyService.start = start
-    outcome = _timed(lambda: reshard_core.refit(src, dst, options))
-    again = _timed(lambda: reshard_core.refit(src, dst, options))
+        stop_or_kill_at_transport_start(how)
+    outcome = timed(lambda: reshard_core.refit(src, dst, options))
+    again = timed(lambda: reshard_core.refit(src, dst, options))
     emit("outcome", (me, *outcome, *again))
     time.sleep(60)  # the test ends both jobs once every survivor reported
-
-
-def _timed(attempt) -> tuple[float, str]:
-    start = time.monotonic()
-    try:
-        attempt()
-        text = "no error"
-    except Exception as exc:  # noqa: BLE001 - the text and the time are what the test checks
-        text = f"{type(exc).__name__}: {exc}"
-    return time.monotonic() - start, text
 
 
 @pytest.mark.parametrize("how", ["stop", "kill"])
