@@ -1,6 +1,12 @@
 """Exception types. Every error reshard raises on bad input is a ``ReshardError`` with one clear message."""
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message, or its type name when it has none."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class ReshardError(Exception):
     """Base class of every error reshard raises on purpose."""
 

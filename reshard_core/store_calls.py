@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .errors import TransportError
+from .errors import TransportError, first_line
 
 T = TypeVar("T")
 
@@ -87,8 +87,7 @@ def call(store: Any, fn: Callable[[Any], T], seconds: float, host: StoreHost) ->
     if ok:
         return value
     if isinstance(value, _NETWORK_ERRORS):  # the host closed its end: it exited (or was killed)
-        reason = str(value).strip().splitlines()[0] if str(value).strip() else type(value).__name__
-        text = f"the group's store (hosted by {host.name}) is gone ({reason})"
+        text = f"the group's store (hosted by {host.name}) is gone ({first_line(value)})"
         _silent[id(store)] = text
         raise StoreSilent(f"{text}: {host.name} exited or its connection broke") from value
     raise value

@@ -1,16 +1,16 @@
 """The rounds every rank of a refit joins, whatever failed: the start, the agreement, the close.
 
-The start: one all-reduce of one flag, whether any rank's own checks failed (a destination that is
-no module, a lazy parameter, an unknown format or transport, a prepared session whose models
-changed, a ``refuse_refit``); when one did, every rank joins an all-gather of those errors and
-raises the same one (``raise_errors``), before any data moves. ``refit`` and ``prepare`` follow it
-with the agreement (one tiny all-gather): whether the cached session is still valid everywhere (a
-change on any rank makes every rank rebuild, never a stale plan), which ranks pass a source and a
-destination model, each rank's model format codes (``build.sides.format_code``) and its option
-digests (``exchange.options``), so that every rank raises the same error on a mismatch. A prepared
-``Session.refit`` needs only the start. The close (``finish_together``), after the data moved, makes
-a rank whose own part succeeded raise when another rank's failed. No rank skips a round, so no
-later collective pairs with the wrong call.
+The start: one small all-reduce, stamped (``_any_rank``), of whether any rank's own checks failed
+(a destination that is no module, a lazy parameter, an unknown format or transport, a prepared
+session whose models changed, a ``refuse_refit``); when one did, every rank joins an all-gather of
+those errors and raises the same one (``raise_errors``), before any data moves. ``refit`` and
+``prepare`` follow it with the agreement (one tiny all-gather): whether the cached session is still
+valid everywhere (a change on any rank makes every rank rebuild, never a stale plan), which ranks
+pass a source and a destination model, each rank's model format codes (``build.sides.format_code``)
+and its option digests (``exchange.options``), so that every rank raises the same error on a
+mismatch. A prepared ``Session.refit`` needs only the start. The close (``finish_together``), after
+the data moved, makes a rank whose own part succeeded raise when another rank's failed. No rank
+skips a round, so no later collective pairs with the wrong call.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import datetime
 import time
 from typing import Any
 
-from ..errors import TransportError
+from ..errors import TransportError, first_line
 from ..plan.describe import format_ranks
 from ..refit_group import RefitGroup, view_of
 from ..store_calls import StoreSilent, call
@@ -80,7 +80,8 @@ def _wait(view: RefitGroup, block, step, what: str, timeout: float | None, prefi
             if missing
             else f"ranks {format_ranks(ranks)} did not all join{within}"
         )
-        error = TransportError(f"rank {view.rank}: {what}: {who} (failed, exited or stalled): {_reason(exc)}")
+        reason = first_line(exc)
+        error = TransportError(f"rank {view.rank}: {what}: {who} (failed, exited or stalled): {reason}")
         raise failures.blame(error, missing or ()) from exc
 
 
@@ -113,9 +114,3 @@ def _missing(view: RefitGroup, prefix: str, timeout: float) -> list[int] | None:
         raise
     except Exception:  # no default store (or it failed): say only that someone is missing
         return None
-
-
-def _reason(exc: BaseException) -> str:
-    """The first line of ``exc``'s message, or its type name."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -4,14 +4,16 @@ A refit that fails because a peer (or the store's host) died or stalled abandons
 peer: a collective some ranks entered, a receive still posted. A later refit on the same group would
 pair its calls with those stale ones, hang, or make Gloo abort the process. So ``mark`` records the
 group on each rank whose refit raised such an error (``failures`` tells: a ``TransportError`` that
-blames peers, or a silent store), and ``check`` makes the next refit on that group raise at once,
-before any collective, saying what happened and how to go on: a new process group, or a new
-``TransferGroup``.
+blames peers, or a silent store) and on each rank that gave up on a collective for any reason
+(``bounded``, ``agree``: it stays pending and would pair with a later call); ``check`` makes the
+next refit on that group raise at once, before any collective, saying what happened and how to go
+on: a new process group, or a new ``TransferGroup``.
 
 Other failures leave the group usable: errors every rank raised alike (the agreement round, a plan
 every rank validates), errors on bad input (raised before data moves), and a transport that failed
-on its own or because a peer raised its own error (``PeerFailed`` with that peer's words): a failed
-transport is closed, and the next refit builds a new one.
+on its own or because a peer raised its own error (``PeerFailed`` with that peer's words) while no
+rank had to give up on a collective: a failed transport is closed, and the next refit builds a new
+one.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ..errors import TransportError
+from ..errors import TransportError, first_line
 from ..refit_group import RefitGroup
 
 _broken: dict[Hashable, tuple[Any, str]] = {}
@@ -35,8 +37,7 @@ class BrokenGroup(TransportError):
 def mark(view: RefitGroup, exc: BaseException) -> None:
     """Record ``view``'s group as broken by ``exc`` (the first error is kept)."""
     if view.key not in _broken or _broken[view.key][0] is not identity(view):
-        text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
-        _broken[view.key] = (identity(view), text[:300])
+        _broken[view.key] = (identity(view), f"{type(exc).__name__}: {first_line(exc)}"[:300])
 
 
 def check(view: RefitGroup) -> None:
