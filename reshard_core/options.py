@@ -7,8 +7,9 @@ execution-shaping options (``exchange.options``), and the planner reads its ``Pl
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .plan.options import PlanOptions
@@ -21,11 +22,20 @@ if TYPE_CHECKING:
     from .transport.copy_service import CopyService
 
 
+TRANSPORT_ENV = "RESHARD_TRANSPORT"
+
+
+def default_transport() -> str:
+    """The transport a refit uses when none is named: ``$RESHARD_TRANSPORT``, else ``"gloo"``."""
+    return os.environ.get(TRANSPORT_ENV) or "gloo"
+
+
 @dataclass(frozen=True, kw_only=True)
 class RefitOptions(PlanOptions):
     """The plan-shaping ``PlanOptions`` (``max_batch_bytes``, ``ignore``, ``tied``, ``cast``) plus:
 
-    - ``transport``: a registered transport name or a ``CopyService`` instance (default ``"gloo"``);
+    - ``transport``: a registered transport name or a ``CopyService`` instance (default: the
+      ``RESHARD_TRANSPORT`` environment variable where set, else ``"gloo"``);
     - ``group``: the process group (or ``TransferGroup``) the refit is collective over (None: the world);
     - ``transform``: one ``ReshardTransform`` or several, besides those plugins attach;
     - ``timeout``: seconds after which a vanished peer makes every rank raise (None: the transport's);
@@ -37,7 +47,7 @@ class RefitOptions(PlanOptions):
     be the same on every rank.
     """
 
-    transport: str | CopyService = "gloo"
+    transport: str | CopyService = field(default_factory=lambda: default_transport())
     group: dist.ProcessGroup | None = None
     transform: ReshardTransform | Sequence[ReshardTransform] | None = None
     timeout: float | None = None

@@ -232,8 +232,11 @@ def run_conformance(
     checks: Sequence[str] | None = None,
     options: dict | None = None,
     timeout: float = 240.0,
+    env: dict[str, str] | None = None,
 ) -> dict[str, str]:
-    """Run the checks (default: all) in one spawned world; ``{name: "ok" or "rank r: error"}``."""
+    """Run the checks (default: all) in one spawned world; ``{name: "ok" or "rank r: error"}``.
+    ``env``: extra environment variables for the ranks (``CUDA_VISIBLE_DEVICES="0"`` puts every
+    rank on one GPU)."""
     names = tuple(checks) if checks is not None else CHECK_NAMES
     unknown = [n for n in names if n not in CHECKS]
     if unknown:
@@ -241,7 +244,7 @@ def run_conformance(
     if world_size < 2:
         raise ValueError("run_conformance needs world_size >= 2")
     args = (transport_cls, device, names, options or {})
-    per_rank = run_world(_world_entry, world_size, *args, timeout=timeout)
+    per_rank = run_world(_world_entry, world_size, *args, timeout=timeout, env=env)
     merged = {}
     for name in names:
         failures = [f"rank {r}: {res[name]}" for r, res in enumerate(per_rank) if res[name] != "ok"]

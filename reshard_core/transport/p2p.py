@@ -143,7 +143,7 @@ class P2PCopyService(CopyService):
     completed, e.g. copy staged data back), ``_give_up(flight, failed_index)`` (after a failure,
     release the peers; best effort) and ``_resolve_group(group)`` (which communicator to issue on).
     A subclass may use ``comm``, ``rank``, ``members``, ``view``, ``timeout``, ``peer_index()``,
-    ``closed``, ``owns_comm``, ``keep_alive()`` and ``retire()``.
+    ``closed``, ``owns_comm``, ``keep_alive()``, ``retire()`` and ``share()``.
     """
 
     backend: ClassVar[str] = ""
@@ -197,6 +197,14 @@ class P2PCopyService(CopyService):
         """Keep ``obj`` (a given-up round, or ops or requests a backend may still write into)
         referenced for the life of the process, so no late write lands in freed memory."""
         _KEPT_ALIVE.append(obj)
+
+    def share(self, key: str, value: bytes) -> dict[int, bytes]:
+        """Publish ``value`` under ``key`` and return every member's, by rank, through the group's
+        store within ``timeout`` (``rendezvous.share``): for setting a transport up without a
+        collective. Every member calls it with the same ``key``, once."""
+        from .rendezvous import share
+
+        return share(self.view, key, value, self.timeout)
 
     def retire(self) -> None:
         """Forget ``comm`` without destroying it (a subclass aborted it) and refuse further use."""
