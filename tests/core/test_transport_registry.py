@@ -44,8 +44,8 @@ def test_unknown_transport_with_none_installed(plugin_fixtures):
 
 
 def test_unknown_transport_in_this_installation(fresh_plugin_manager):
-    # The README install provides exactly these three transports.
-    with pytest.raises(PluginError, match=r"^unknown transport 'x'; known transports: gloo, nccl, nvshmem$"):
+    # The README install provides exactly these four transports.
+    with pytest.raises(PluginError, match=r"^unknown transport 'x'; known transports: gloo, ipc, nccl, nvshmem$"):
         get_transport("x")
 
 
