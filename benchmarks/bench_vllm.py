@@ -1,20 +1,22 @@
 """vLLM refit benchmark: reshard's shard-to-shard update against the gather-first path, same engine, same run.
 
     python benchmarks/bench_vllm.py [--tp 2] [--hidden 1024] [--layers 4] [--vocab 16384] [--reps 3]
+                                    [--transports gloo ipc]
 
 One offline ``vllm.LLM`` (CPU, bf16, backend "reshard", TP ``--tp``) and a 1-rank trainer in this
-process holding the transformers Llama. Per update, both paths move the same new weights over the
-same Gloo transfer group:
+process holding the transformers Llama. Per update, every path moves the same new weights into the
+same engine:
 
-- **reshard**: ``send_weights()``: each worker receives only the slices of its own checkpoint-layout
-  parameters, straight into them, then vLLM re-processes its layers;
-- **gather-first** (what other stacks do): the trainer's full tensors (a trainer that shards them
-  would all-gather them first; this one holds them whole, which favours this path) are broadcast
-  to every worker, which applies them with the model's ``load_weights`` inside vLLM's layerwise
-  reload.
+- **reshard gloo**, **reshard ipc** (each of ``--transports``, in turn; each ``trainer_init`` takes the
+  engine over from the one before): ``send_weights()``: each worker receives only the slices of its
+  own checkpoint-layout parameters, straight into them, then vLLM re-processes its layers;
+- **gather-first** (what other stacks do; over the first transport's Gloo group): the trainer's
+  full tensors (a trainer that shards them would all-gather them first; this one holds them whole,
+  which favours this path) are broadcast to every worker, which applies them with the model's
+  ``load_weights`` inside vLLM's layerwise reload.
 
-Prints seconds per update (median of ``--reps``) and bytes each worker received, for both, and the
-ratios. Each update's greedy output is checked against transformers.
+Prints seconds per update (median of ``--reps``) and bytes each worker received, for every path,
+and the ratios. Each update's greedy output is checked against transformers.
 """
 
 from __future__ import annotations
@@ -88,6 +90,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=16384)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--transports", nargs="+", default=["gloo", "ipc"],
+                        help="transports to refit over, in turn (gather-first with the first)")  # fmt: skip
     args = parser.parse_args()
 
     import vllm_harness as T
@@ -113,37 +117,44 @@ def main() -> None:
         weight_transfer_config={"backend": "reshard"},
     )  # fmt: skip
     print(f"engine built in {time.perf_counter() - t0:.1f} s")
+    results: dict[str, list[tuple[float, list[int]]]] = {}
     try:
-        info = ReshardTrainerInitInfo("127.0.0.1", free_port(), 1, rank=0, timeout=300)
-        engine = WeightTransferTrainerFactory.trainer_init(info, client=LLMClient(llm), source=model)
-        results: dict[str, list[tuple[float, list[int]]]] = {"reshard": [], "gather-first": []}
-        for rep in range(args.reps + 1):  # the first of each warms up (plans, buffers)
-            for path in results:
-                model.load_state_dict(T.tiny_model(config, seed=100 + rep).state_dict())
-                if path == "reshard":
-                    verdict = engine.send_weights()
-                    got = (verdict.seconds, [verdict.received[r][0] for r in sorted(verdict.received)])
-                else:
-                    got = gather_first_update(llm, engine, model)
-                tokens, logprobs = T.llm_greedy(llm, PROMPT, 8)
-                check = T.check_greedy(model, PROMPT, tokens, logprobs, logprob_atol=0.15)
-                if not check.ok:
-                    raise SystemExit(f"{path} update {rep}: the engine does not match the trainer: {check}")
-                if rep:
-                    results[path].append(got)
-                print(f"  {path:12} update {rep}{' (warm-up)' if not rep else ''}: {got[0]:.3f} s, "
-                      f"worker bytes {[f'{b / 2**20:.1f} MiB' for b in got[1]]}", flush=True)  # fmt: skip
-        engine.shutdown()
+        for transport in args.transports:  # each trainer_init takes the engine over from the one before
+            port = free_port()
+            info = ReshardTrainerInitInfo("127.0.0.1", port, 1, rank=0, timeout=300, transport=transport)
+            engine = WeightTransferTrainerFactory.trainer_init(info, client=LLMClient(llm), source=model)
+            paths = [f"reshard {transport}"] + (["gather-first"] if transport == args.transports[0] else [])
+            for rep in range(args.reps + 1):  # the first of each warms up (plans, buffers)
+                for path in paths:
+                    model.load_state_dict(T.tiny_model(config, seed=100 + rep).state_dict())
+                    if path.startswith("reshard"):
+                        verdict = engine.send_weights()
+                        got = (verdict.seconds, [verdict.received[r][0] for r in sorted(verdict.received)])
+                    else:
+                        got = gather_first_update(llm, engine, model)
+                    tokens, logprobs = T.llm_greedy(llm, PROMPT, 8)
+                    check = T.check_greedy(model, PROMPT, tokens, logprobs, logprob_atol=0.15)
+                    if not check.ok:
+                        raise SystemExit(f"{path} update {rep}: the engine does not match the trainer: "
+                                         f"{check}")  # fmt: skip
+                    if rep:
+                        results.setdefault(path, []).append(got)
+                    print(f"  {path:14} update {rep}{' (warm-up)' if not rep else ''}: {got[0]:.3f} s, "
+                          f"worker bytes {[f'{b / 2**20:.1f} MiB' for b in got[1]]}", flush=True)  # fmt: skip
+            engine.shutdown()
     finally:
         T.shutdown_llm(llm)
     med = {p: statistics.median(s for s, _ in r) for p, r in results.items()}
     per_worker = {p: r[0][1] for p, r in results.items()}
     print(f"\nper update (median of {args.reps}), engine TP{args.tp}:")
-    print(f"  {'path':12} {'seconds':>8} {'MiB per worker':>16}")
+    print(f"  {'path':14} {'seconds':>8} {'MiB per worker':>16}")
     for p in results:
-        print(f"  {p:12} {med[p]:8.3f} {' / '.join(f'{b / 2**20:.1f}' for b in per_worker[p]):>16}")
-    print(f"  gather-first / reshard: {med['gather-first'] / med['reshard']:.2f}x time, "
-          f"{sum(per_worker['gather-first']) / sum(per_worker['reshard']):.2f}x bytes")  # fmt: skip
+        print(f"  {p:14} {med[p]:8.3f} {' / '.join(f'{b / 2**20:.1f}' for b in per_worker[p]):>16}")
+    first = f"reshard {args.transports[0]}"
+    print(f"  gather-first / {first}: {med['gather-first'] / med[first]:.2f}x time, "
+          f"{sum(per_worker['gather-first']) / sum(per_worker[first]):.2f}x bytes")  # fmt: skip
+    for transport in args.transports[1:]:
+        print(f"  {first} / reshard {transport}: {med[first] / med[f'reshard {transport}']:.2f}x time")
 
 
 if __name__ == "__main__":

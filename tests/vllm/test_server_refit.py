@@ -32,7 +32,6 @@ from reshard_core.testing.world import WorldError, free_port, run_world
 pytestmark = pytest.mark.slow
 
 
-
 @pytest.fixture
 def server(llama_tp2_server):
     return llama_tp2_server
@@ -41,6 +40,23 @@ def server(llama_tp2_server):
 def test_an_fsdp2_llama_job_refits_the_tp2_server(server) -> None:
     rounds = run_world(hf_fsdp_job, 2, server.url, server.model_dir, 0, "llama", SEEDS, timeout=600)[0]
     check_rounds(rounds)
+
+
+def test_an_fsdp2_llama_job_refits_the_tp2_server_over_ipc(server) -> None:
+    """The trainer job and the engine share this host: every pair goes through shared memory."""
+    rounds = run_world(hf_fsdp_job, 2, server.url, server.model_dir, 0, "llama", SEEDS, "ipc", timeout=600)[0]
+    check_rounds(rounds)
+
+
+def test_a_megatron_tp2_job_refits_the_tp2_server_over_ipc_and_with_deltas_over_ipc(server) -> None:
+    rounds = run_world(
+        megatron_job, 2, server.url, server.model_dir, 0, "llama", SEEDS, 2, 1, "ipc", timeout=600
+    )[0]
+    check_rounds(rounds)
+    rounds = run_world(
+        hf_fsdp_job, 2, server.url, server.model_dir, 0, "llama", SEEDS, "ipc", True, timeout=600
+    )[0]
+    check_rounds(rounds, exact_bytes=False)
 
 
 def test_a_megatron_tp2_job_refits_the_tp2_server(server) -> None:

@@ -37,9 +37,11 @@ def model_for(config: Any, seed: int) -> Any:
     return tiny_model(config, seed=seed, init_std=INIT_STD)
 
 
-def _engine(rank: int, world: int, url: str, port: int, model: Any, timeout: float = 60.0) -> Any:
-    """``trainer_init`` on this rank; ``port`` 0: rank 0 picks a free one (after this job's own world
-    took its port, so the two never collide) and tells the others."""
+def _engine(
+    rank: int, world: int, url: str, port: int, model: Any, timeout: float = 60.0, transport: str = "gloo"
+) -> Any:
+    """``trainer_init`` on this rank over ``transport``; ``port`` 0: rank 0 picks a free one (after
+    this job's own world took its port, so the two never collide) and tells the others."""
     from reshard_vllm import ReshardTrainerInitInfo
     from vllm.distributed.weight_transfer import (
         HTTPVLLMWeightSyncClient,
@@ -54,16 +56,16 @@ def _engine(rank: int, world: int, url: str, port: int, model: Any, timeout: flo
         dist.broadcast_object_list(box, src=0)
         port = box[0]
 
-    info = ReshardTrainerInitInfo("127.0.0.1", port, world, rank=rank, timeout=timeout)
+    info = ReshardTrainerInitInfo("127.0.0.1", port, world, rank=rank, timeout=timeout, transport=transport)
     return WeightTransferTrainerFactory.trainer_init(
         info, client=HTTPVLLMWeightSyncClient(url), source=ModuleSource(model)
     )
 
 
-def _round(engine: Any, rank: int, url: str, model_dir: str) -> Any:
+def _round(engine: Any, rank: int, url: str, model_dir: str, delta: bool = False) -> Any:
     from vllm_harness import completions
 
-    verdict = engine.send_weights(version=None)
+    verdict = engine.send_weights(version=None, delta=delta)
     dist.barrier()
     if rank != 0:
         return None
@@ -72,9 +74,11 @@ def _round(engine: Any, rank: int, url: str, model_dir: str) -> Any:
 
 
 def hf_fsdp_job(
-    rank: int, world: int, url: str, model_dir: str, port: int, kind: str, seeds: list[int]
-) -> Any:
-    """An FSDP2 transformers model (``kind``: "llama" or "qwen3_moe") sharded over this job's ranks."""
+    rank: int, world: int, url: str, model_dir: str, port: int, kind: str, seeds: list[int],
+    transport: str = "gloo", delta: bool = False,
+) -> Any:  # fmt: skip
+    """An FSDP2 transformers model (``kind``: "llama" or "qwen3_moe") sharded over this job's ranks,
+    sent over ``transport`` (with ``delta``: only what changed, after the first round)."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import distribute_tensor
 
@@ -83,21 +87,22 @@ def hf_fsdp_job(
     for layer in model.model.layers:
         fully_shard(layer)
     fully_shard(model)
-    engine = _engine(rank, world, url, port, model)
+    engine = _engine(rank, world, url, port, model, transport=transport)
     out = []
     for seed in seeds:
         full = model_for(config, seed).state_dict()
         with torch.no_grad():
             for name, param in model.named_parameters():
                 param.copy_(distribute_tensor(full[name], param.device_mesh, param.placements))
-        out.append(_round(engine, rank, url, model_dir))
+        out.append(_round(engine, rank, url, model_dir, delta))
     engine.shutdown()
     return out
 
 
 def megatron_job(
-    rank: int, world: int, url: str, model_dir: str, port: int, kind: str, seeds: list[int], tp: int, ep: int
-) -> Any:
+    rank: int, world: int, url: str, model_dir: str, port: int, kind: str, seeds: list[int], tp: int, ep: int,
+    transport: str = "gloo",
+) -> Any:  # fmt: skip
     """A Megatron-Core ``GPTModel`` (TP ``tp``, EP ``ep``) holding ``model_for(config, seed)``'s weights:
     each round refits the transformers model into it inside this job (reshard, bit-exact), then into
     the engine."""
@@ -108,7 +113,7 @@ def megatron_job(
     init_megatron()
     config = _config(kind)
     gpt = _build_gpt(config, tp=tp, ep=ep)
-    engine = _engine(rank, world, url, port, gpt)
+    engine = _engine(rank, world, url, port, gpt, transport=transport)
     out = []
     for seed in seeds:
         reshard_core.refit(model_for(config, seed), gpt)  # HF -> Megatron within this job
@@ -155,14 +160,17 @@ def _failing(rank: int, world: int, url: str, port: int, case: str) -> str:
     raise ValueError(case)
 
 
-def check_rounds(rounds: list, kind: str = "llama", workers: tuple[int, ...] = (2, 3)) -> None:
+def check_rounds(
+    rounds: list, kind: str = "llama", workers: tuple[int, ...] = (2, 3), exact_bytes: bool = True
+) -> None:
     """Each round agrees with transformers on its seed's weights, differs from the one before, and
-    every engine worker received exactly the bytes of its own parameters."""
+    every engine worker received exactly the bytes of its own parameters (with ``exact_bytes=False``,
+    delta rounds: the first round exactly, later ones some and at most that)."""
     from vllm_harness import check_greedy
 
     config = _config(kind)
     previous = None
-    for seed, (tokens, logprobs, received) in zip(SEEDS, rounds, strict=True):
+    for index, (seed, (tokens, logprobs, received)) in enumerate(zip(SEEDS, rounds, strict=True)):
         check = check_greedy(
             model_for(config, seed),
             PROMPT,
@@ -176,7 +184,10 @@ def check_rounds(rounds: list, kind: str = "llama", workers: tuple[int, ...] = (
         previous = tokens
         assert sorted(received) == list(workers)  # the engine's workers, after the trainer's ranks 0, 1
         for rank, (got, expected) in received.items():
-            assert got == expected > 0, f"engine rank {rank} received {got} bytes, holds {expected}"
+            if exact_bytes or index == 0:
+                assert got == expected > 0, f"engine rank {rank} received {got} bytes, holds {expected}"
+            else:
+                assert 0 < got <= expected, f"engine rank {rank} received {got} bytes, holds {expected}"
 
 
 @contextmanager
