@@ -124,8 +124,31 @@ def _print(report: dict[str, Any]) -> None:
         )
     out = console()
     out.print(table)
+    if any("gloo_speedup" in row for row in report["rows"]):
+        out.print(_gloo_table(report))
     if report["megatron_core"]:
         out.print(_megatron_table(report))
+
+
+def _gloo_table(report: dict[str, Any]) -> Table:
+    """The transport against gloo on the same models and against the memcpy floor (one copy per
+    received or local byte, no transport), all in the same run."""
+    name = report["options"]["transport"]
+    table = Table(title=f"{name} against gloo and against the memcpy floor (same run)", box=box.SIMPLE_HEAD,
+                  pad_edge=False, collapse_padding=True)  # fmt: skip
+    for col in ("layouts", f"{name}\ns", "gloo\ns", "gloo/\n" + name, "memcpy\nfloor s", f"{name}/\nfloor"):
+        table.add_column(col, justify="right" if col != "layouts" else "left", no_wrap=col != "layouts")
+    for row in report["rows"]:
+        ours = row["ours"] or {}
+        table.add_row(
+            row["pair"].replace("->", " → "),
+            _seconds(ours.get("refit_seconds")),
+            _seconds(ours.get("gloo_seconds")),
+            f"{row['gloo_speedup']:.2f}×" if "gloo_speedup" in row else "-",
+            _seconds(ours.get("memcpy_floor_seconds")),
+            f"{row['memcpy_ratio']:.2f}×" if "memcpy_ratio" in row else "-",
+        )
+    return table
 
 
 def _megatron_table(report: dict[str, Any]) -> Table:

@@ -1,9 +1,13 @@
-"""The wire floor: the byte volumes a refit moves between each pair of ranks, sent as one message
-per pair over the same transport, with nothing else to do (no packing, no unpacking, no local copies).
+"""The floors a refit is measured against.
 
-A refit's time divided by this floor says how much of it is overhead beyond moving its bytes. The
-same round with the plan's local-copy volume copied (one memcpy) while it is on the wire is a second,
-fuller floor: where ranks share few cores, local copies compete with the wire for them.
+- The wire floor: the byte volumes a refit moves between each pair of ranks, sent as one message
+  per pair over the same transport, with nothing else to do (no packing, no unpacking, no local
+  copies). A refit's time divided by it says how much of it is overhead beyond moving its bytes.
+  The same round with the plan's local-copy volume copied (one memcpy) while it is on the wire is a
+  second, fuller floor: where ranks share few cores, local copies compete with the wire for them.
+- The memcpy floor: every rank copies the bytes it receives and the bytes it copies locally, each
+  as one memcpy, all ranks at once: what a same-host refit of these volumes could cost with one copy
+  per byte and no transport at all (the floor a shared-memory transport is held to).
 """
 
 from __future__ import annotations
@@ -65,3 +69,17 @@ class WireFloor:
         flight = start()
         self.local_dst.copy_(self.local_src)
         flight.wait()
+
+
+class MemcpyFloor:
+    """Preallocated, pre-touched buffers for this rank's received and local volumes; ``run()`` copies
+    each once."""
+
+    def __init__(self, received: int, local: int) -> None:
+        self.src = torch.ones(received + local, dtype=torch.uint8)
+        self.dst = torch.zeros(received + local, dtype=torch.uint8)
+        self.split = received
+
+    def run(self) -> None:
+        self.dst[: self.split].copy_(self.src[: self.split])
+        self.dst[self.split :].copy_(self.src[self.split :])

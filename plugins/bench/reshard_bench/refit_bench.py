@@ -5,8 +5,10 @@ refits of the prepared session (``Session.refit()``; the median; each is the slo
 ranks starting together; ``reshard_core.refit()``, which first agrees on the cached session with one
 small all-gather, is timed too, as ``api_refit_seconds`` in the JSON); check every
 destination element; time the wire floor (``floor.py``) for the plan's per-pair volumes the same
-way (and once more with the plan's local-copy volume copied while it is on the wire), one of each
-after every refit so the three share the machine's drift; then, for
+way (and once more with the plan's local-copy volume copied while it is on the wire) and the
+memcpy floor (each rank's received and local volumes copied once), and, for a transport other than
+gloo, a gloo session of the same models: one of each after every refit so all share the machine's
+drift; then, for
 Megatron GPTModels with megatron-core installed, zero the destination and time
 ``swap_model_weights(..., "gloo")`` the same way and check its result too. Ranks report through
 ``emit`` as they go, so a Megatron case that outlives ``megatron_deadline`` seconds ends the world
@@ -26,7 +28,7 @@ import torch.distributed as dist
 
 from reshard_core.testing.world import WorldStopped, emit
 
-from .floor import WireFloor, local_volume, pair_volumes
+from .floor import MemcpyFloor, WireFloor, local_volume, pair_volumes
 from .gpt import PRESETS
 from .layouts import resolve_layout
 from .pairs import build_pair, megatron_available
@@ -131,16 +133,27 @@ def _ours(models, opts: BenchOptions) -> dict[str, Any]:
     first, first_s = timed(lambda: reshard_core.refit(models.src, models.dst, **kwargs))
     session = reshard_core.prepare(models.src, models.dst, **kwargs)
     plan = session.plan
-    floor = WireFloor(session.transport, dist.get_rank(), *pair_volumes(plan), local=local_volume(plan))
+    sends, recvs = pair_volumes(plan)
+    floor = WireFloor(session.transport, dist.get_rank(), sends, recvs, local=local_volume(plan))
+    memcpy = MemcpyFloor(sum(recvs.values()), local_volume(plan))
+    gloo = None  # another transport is also timed against gloo, on the same models in the same world
+    if opts.transport != "gloo":
+        gloo = reshard_core.prepare(models.src, models.dst, **{**kwargs, "transport": "gloo"})
     for _ in range(opts.warmup):
         session.refit()
         floor.run()
         floor.run(True)
-    runs, floor_runs, with_local, api_runs = [], [], [], []
+        memcpy.run()
+        if gloo is not None:
+            gloo.refit()
+    runs, floor_runs, with_local, api_runs, memcpy_runs, gloo_runs = [], [], [], [], [], []
     for _ in range(opts.reps):
         runs.append(timed(session.refit))
         floor_runs.append(timed(floor.run)[1])
         with_local.append(timed(lambda: floor.run(True))[1])
+        memcpy_runs.append(timed(memcpy.run)[1])
+        if gloo is not None:
+            gloo_runs.append(timed(gloo.refit)[1])
         api_runs.append(timed(lambda: reshard_core.refit(models.src, models.dst, **kwargs))[1])
     last = runs[-1][0]
     totals = torch.tensor([last.bytes_sent, last.bytes_local, last.messages, floor.nbytes], dtype=torch.int64)
@@ -162,6 +175,9 @@ def _ours(models, opts: BenchOptions) -> dict[str, Any]:
         "floor_runs": floor_runs,
         "floor_bytes": int(totals[3]),
         "floor_with_local_seconds": median(with_local),
+        "memcpy_floor_seconds": median(memcpy_runs),
+        "memcpy_floor_runs": memcpy_runs,
+        **({"gloo_seconds": median(gloo_runs), "gloo_runs": gloo_runs} if gloo is not None else {}),
         "api_refit_seconds": median(api_runs),
         **_checked(models),
     }
@@ -274,6 +290,10 @@ def report(opts: BenchOptions, rows: dict[str, dict[str, Any]]) -> dict[str, Any
             entry["floor_ratio"] = ours["refit_seconds"] / ours["floor_seconds"]
         if ours is not None and ours.get("floor_with_local_seconds", 0) > 0:
             entry["floor_with_local_ratio"] = ours["refit_seconds"] / ours["floor_with_local_seconds"]
+        if ours is not None and ours.get("memcpy_floor_seconds", 0) > 0:
+            entry["memcpy_ratio"] = ours["refit_seconds"] / ours["memcpy_floor_seconds"]
+        if ours is not None and ours.get("gloo_seconds", 0) > 0:
+            entry["gloo_speedup"] = ours["gloo_seconds"] / ours["refit_seconds"]
         if ours is not None and megatron is not None and megatron.get("finished"):
             entry["speedup"] = megatron["seconds"] / ours["refit_seconds"]
             bound = ours.get("floor_with_local_seconds", 0)
