@@ -76,6 +76,43 @@ def test_ranks_reporting_two_hosts_share_memory_within_each_and_use_gloo_between
         assert out["left_after_setup"] == [], (rank, out)  # unlinked once every peer mapped it
 
 
+def _private_shm_world(rank: int, world: int) -> dict:
+    """Rank 2 reports the same host but cannot open the others' segments, as a container with a
+    /dev/shm of its own could not: found at set-up, and its pairs go over gloo."""
+    if rank == 2:
+
+        def no_such_segment(name: str):
+            raise FileNotFoundError(2, "No such file or directory")
+
+        segment.Segment.open = staticmethod(no_such_segment)
+    service = IpcCopyService(timeout=30, options=SMALL)
+    received = {}
+    for peer in range(world):
+        if peer != rank:
+            service.submit_send(_payload(rank, peer, 300_000), peer, 0)
+            received[peer] = torch.zeros_like(_payload(peer, rank, 300_000))
+            service.submit_recv(received[peer], peer, 0)
+    service.run()
+    exact = all(torch.equal(buf, _payload(peer, rank, 300_000)) for peer, buf in received.items())
+    service.close()
+    return {"routes": service.routes(), "refused": service.refused, "exact": exact}
+
+
+def test_a_rank_that_cannot_map_its_hosts_segments_is_found_out_and_uses_gloo():
+    results = run_world(_private_shm_world, 3, timeout=120)
+    assert [r["exact"] for r in results] == [True, True, True]
+    assert [r["routes"] for r in results] == [
+        {"ipc": [1], "gloo": [2]},
+        {"ipc": [0], "gloo": [2]},
+        {"ipc": [], "gloo": [0, 1]},
+    ]
+    assert results[0]["refused"] == {2: "rank 2 cannot map this rank's segment"}
+    assert results[2]["refused"] == {
+        0: "cannot map rank 0's segment: No such file or directory",
+        1: "cannot map rank 1's segment: No such file or directory",
+    }
+
+
 def _refit_world(rank: int, world: int) -> dict:
     """A refit over ``ipc`` where ranks 0-1 and 2-3 report different hosts: every pair moves data."""
     from torch import nn

@@ -127,6 +127,9 @@ def connect(service: Any, serial: int, options: IpcOptions) -> Link:
             Channel(mapped[rank], _offset(theirs, options), options.slots, options.slot_bytes, sending=False),
             who[rank]["pid"] if same_ns else None,
         )
+    if own is not None and not peers:  # no candidate could use it
+        own.close()
+        own = None
     segments = ((own,) if own is not None else ()) + tuple(mapped.values())
     return Link(peers, segments, refused)
 

@@ -71,10 +71,9 @@ class IpcCopyService(P2PCopyService):
             raise
         self.near = frozenset(self.link.peers)
         """Peers reached through shared memory; every other member goes through ``fallback``."""
+        self.refused = dict(self.link.refused)
+        """Peers reporting this host that could not share memory with this rank, and why."""
         self._pump = Pump(self.rank, self.link.peers) if self.link.peers else None
-        for segment in self.link.segments[:1]:
-            if not self.link.peers and segment.created:
-                segment.close()
 
     def _resolve_group(self, group: dist.ProcessGroup | None) -> tuple[dist.ProcessGroup | None, bool]:
         return group, False  # set-up goes through the store and remote pairs through the fallback
