@@ -95,9 +95,9 @@ def _build(case: str, hidden: int, layers: int, vocab: int, dtype: torch.dtype):
 
 def _control(model, side: str, fmt) -> nn.Module:
     """Plain contiguous copies of every logical piece ``model`` holds, declared with its layout."""
-    from reshard_core.build.sides import logical_side
-    from reshard_core.exchange.verdict import Problems
+    from reshard_core.coordination.verdict import Problems
     from reshard_core.extract import ExtractContext, declare_layout
+    from reshard_core.preparation.sides import logical_side
     from reshard_core.views import materialize, region
 
     specs, _ = logical_side(model, side, fmt, ExtractContext.create(), (), Problems())

@@ -69,7 +69,7 @@ _EXPORTS = {
     "Session": "session",
     "clear_caches": "api",
     "RefitReport": "report",
-    "TransferGroup": "transfer_group",
+    "TransferGroup": "coordination.transfer_group",
 }
 
 __all__ = ["PLUGIN_API_VERSION", "__version__", *_EXPORTS]

@@ -4,14 +4,14 @@ One refit = extract specs from both models → exchange the compact layout table
 execute the plan over a transport. ``prepare`` does everything but the execution and caches the
 result (a ``Session``); later refits whose models still look the same on every rank reuse it and
 skip extraction, exchange and planning. "Look the same" is checked locally (``fingerprints``) and
-agreed on by one tiny all-gather (``exchange.agree``), so a change on any rank makes every rank
+agreed on by one tiny all-gather (``coordination.agree``), so a change on any rank makes every rank
 rebuild (never a stale plan). ``Session.refit()`` runs a prepared session without walking the
 models (each rank checks the tensors it was prepared with, and the ranks agree on one flag): the
 fast path for a training loop that prepares once and refits after every step. A rank whose own
 checks fail still joins the round and carries its error, so every rank raises it alike.
 
 Where the rest lives: ``options`` (``RefitOptions``), ``session`` (``Session``), ``session_cache``
-(the caches), ``build.pipeline`` (building a session), ``report`` (``RefitReport``).
+(the caches), ``preparation.pipeline`` (building a session), ``report`` (``RefitReport``).
 """
 
 from __future__ import annotations
@@ -20,17 +20,17 @@ import time
 from typing import Any, NoReturn
 
 from . import session_cache
-from .build.pipeline import build
-from .build.sides import agreed_formats, format_code
+from .coordination import failures
+from .coordination.agree import agree
+from .coordination.refit_group import view_of
 from .errors import ReshardError
-from .exchange import failures
-from .exchange.agree import agree
 from .exchange.options import OPTION_NAMES, check_options, option_digests
 from .fingerprints import Model, check_models, model_signature
 from .formats import resolve_format
 from .options import RefitOptions
 from .plan.cache import clear_plan_cache
-from .refit_group import view_of
+from .preparation.pipeline import build
+from .preparation.sides import agreed_formats, format_code
 from .report import RefitReport
 from .session import Session
 

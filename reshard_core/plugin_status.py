@@ -1,5 +1,5 @@
-"""What is known about each plugin: its record and status, the entry points that claim a name, the
-environment switches, and checking whether a loaded plugin can run here.
+"""What is known about each plugin: its record and status, the strict-mode switch, and checking
+whether a loaded plugin can run here (the entry points that claim a name are ``entry_points``).
 
 ``plugins`` builds the plugin manager from these; ``reshard plugins list`` and ``reshard doctor``
 show the records.
@@ -8,7 +8,6 @@ show the records.
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata as metadata
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +18,6 @@ import pluggy
 from .errors import PluginError
 
 STRICT_ENV = "RESHARD_STRICT_PLUGINS"
-DISABLE_ENV = "RESHARD_DISABLE_PLUGINS"
 
 Status = Literal["available", "unavailable", "unchecked", "error", "incompatible", "disabled"]
 FAILED_STATUSES = frozenset({"error", "incompatible"})
@@ -58,39 +56,6 @@ class PluginRecord:
         return (self.name, self.distribution or "")
 
 
-@dataclass(frozen=True)
-class EntryPointClaim:
-    """One distribution's entry point for a name in a group."""
-
-    entry_point: metadata.EntryPoint
-    distribution: str
-    version: str
-
-    def label(self) -> str:
-        return f"{self.distribution} {self.version}"
-
-
-def entry_point_claims(group: str) -> dict[str, list[EntryPointClaim]]:
-    """Entry points of ``group`` by name, each name with the distributions that claim it.
-
-    Read fresh from ``importlib.metadata`` (so a change of ``sys.path`` is seen). A name with more
-    than one claim is claimed by several distributions, which is an error for whoever uses it.
-    """
-    claims: dict[str, dict[str, EntryPointClaim]] = {}
-    for ep in metadata.entry_points(group=group):
-        dist = ep.dist
-        dist_name = dist.name if dist is not None else "(unknown distribution)"
-        version = dist.version if dist is not None else "?"
-        claims.setdefault(ep.name, {}).setdefault(dist_name, EntryPointClaim(ep, dist_name, version))
-    return {name: sorted(by_dist.values(), key=EntryPointClaim.label) for name, by_dist in claims.items()}
-
-
-def conflict_reason(kind: str, name: str, claims: list[EntryPointClaim]) -> str:
-    """The one-line reason for a name claimed by several distributions."""
-    who = ", ".join(c.label() for c in claims)
-    return f"{kind} name '{name}' is claimed by more than one distribution: {who}; uninstall all but one"
-
-
 def strict_mode() -> bool:
     """True when ``RESHARD_STRICT_PLUGINS`` asks for load failures to raise."""
     raw = os.environ.get(STRICT_ENV, "").strip().lower()
@@ -99,12 +64,6 @@ def strict_mode() -> bool:
     if raw in _FALSE:
         return False
     raise PluginError(f"{STRICT_ENV} must be 0 or 1, got {os.environ[STRICT_ENV]!r}")
-
-
-def disabled_names() -> frozenset[str]:
-    """Plugin and transport names listed in ``RESHARD_DISABLE_PLUGINS`` (comma separated)."""
-    raw = os.environ.get(DISABLE_ENV, "")
-    return frozenset(part.strip() for part in raw.split(",") if part.strip())
 
 
 def hook_names(pm: pluggy.PluginManager, plugin: object) -> tuple[str, ...]:
@@ -129,8 +88,9 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
-def checked(record: PluginRecord, probe: Callable[[], object] | None,
-             disabled: frozenset[str]) -> PluginRecord:
+def checked(
+    record: PluginRecord, probe: Callable[[], object] | None, disabled: frozenset[str]
+) -> PluginRecord:
     """``record`` after loading its transports and asking its probe, then each transport's."""
     from .transport.registry import get_transport
 

@@ -31,24 +31,26 @@ from dataclasses import dataclass
 import pluggy
 
 from . import PLUGIN_API_VERSION, __version__, hookspecs
-from .errors import PluginError
-from .plugin_status import (
+from .entry_points import (
     DISABLE_ENV,
-    UNCHECKED_REASON,
+    HOOK_GROUP,
+    TRANSPORT_GROUP,
     EntryPointClaim,
-    PluginRecord,
-    checked,
     conflict_reason,
     disabled_names,
     entry_point_claims,
+)
+from .errors import PluginError
+from .plugin_status import (
+    UNCHECKED_REASON,
+    PluginRecord,
+    checked,
     error_text,
     hook_names,
     raise_if_strict,
     unknown_hooks,
 )
 
-HOOK_GROUP = "reshard"
-TRANSPORT_GROUP = "reshard.transports"
 BUILTIN_HOOK_MODULES = ("reshard_core.builtin_hooks",)
 
 
@@ -99,15 +101,29 @@ class _State:
                 reason = conflict_reason("plugin", name, claims)
                 for claim in claims:
                     transports = tuple(sorted(transports_of.get(claim.distribution, ())))
-                    self._add(PluginRecord(name, claim.distribution, claim.version, transports,
-                                           status="error", reason=reason))
+                    self._add(
+                        PluginRecord(
+                            name, claim.distribution, claim.version, transports, status="error", reason=reason
+                        )
+                    )
                 continue
-            self._load_one(name, claims[0], tuple(sorted(transports_of.get(claims[0].distribution, ()))),
-                           transport_claims, disabled)
+            self._load_one(
+                name,
+                claims[0],
+                tuple(sorted(transports_of.get(claims[0].distribution, ()))),
+                transport_claims,
+                disabled,
+            )
         self._add_transport_only(hook_claims, transport_claims, disabled)
 
-    def _load_one(self, name: str, claim: EntryPointClaim, transports: tuple[str, ...],
-                  transport_claims: dict[str, list[EntryPointClaim]], disabled: frozenset[str]) -> None:
+    def _load_one(
+        self,
+        name: str,
+        claim: EntryPointClaim,
+        transports: tuple[str, ...],
+        transport_claims: dict[str, list[EntryPointClaim]],
+        disabled: frozenset[str],
+    ) -> None:
         base = PluginRecord(name, claim.distribution, claim.version, transports)
         if name in disabled:
             self._add(dataclasses.replace(base, status="disabled", reason=f"disabled by {DISABLE_ENV}"))
@@ -143,9 +159,12 @@ class _State:
         probe = getattr(plugin, "unavailable_reason", None)
         self._add(base, probe if callable(probe) else None, pending=True)
 
-    def _add_transport_only(self, hook_claims: dict[str, list[EntryPointClaim]],
-                            transport_claims: dict[str, list[EntryPointClaim]],
-                            disabled: frozenset[str]) -> None:
+    def _add_transport_only(
+        self,
+        hook_claims: dict[str, list[EntryPointClaim]],
+        transport_claims: dict[str, list[EntryPointClaim]],
+        disabled: frozenset[str],
+    ) -> None:
         """Distributions that provide transports but no hook module get one record per transport."""
         with_hooks = {c.distribution for claims in hook_claims.values() for c in claims}
         for tname in sorted(transport_claims):
@@ -161,8 +180,9 @@ class _State:
                 else:
                     self._add(base, pending=True)
 
-    def _add(self, record: PluginRecord, probe: Callable[[], object] | None = None,
-             pending: bool = False) -> None:
+    def _add(
+        self, record: PluginRecord, probe: Callable[[], object] | None = None, pending: bool = False
+    ) -> None:
         self.entries.append(_Entry(record, probe, pending))
 
     def check_all(self) -> None:

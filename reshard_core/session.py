@@ -1,6 +1,6 @@
 """``Session``: a prepared refit for one rank, and how it runs again.
 
-``prepare`` (``api``) builds one (``build.pipeline``) and caches it (``session_cache``); later
+``prepare`` (``api``) builds one (``preparation.pipeline``) and caches it (``session_cache``); later
 refits whose models still look the same on every rank reuse it and skip extraction, exchange and
 planning. ``Session.refit()`` runs it without the agreement round: each rank checks only its own
 models (``fingerprints``), and one flag in the start round makes every rank raise on a change.
@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from . import fingerprints, session_cache, versions
+from . import fingerprints, versions
+from .coordination import failures
+from .coordination.agree import finish_together, start_together
 from .errors import ReshardError
-from .exchange import failures
-from .exchange.agree import finish_together, start_together
 from .execute.delta_state import DeltaState
 from .execute.executor import execute_plan
 from .execute.memo import ExecMemo
@@ -65,6 +66,9 @@ class Session:
     """Prepared with ``delta=True``: the snapshots and confirmations its delta executions keep."""
     destinations: tuple[weakref.ref, ...] = ()
     """The destination modules (weakly held): where ``version=`` is recorded."""
+    on_failure: Callable[[CopyService], None] | None = None
+    """Called with the transport when an execution failed (the cache drops it and the sessions
+    using it: its peers' state is unknown)."""
 
     def refit(self, *, cast: bool = False, version: Any = None) -> RefitReport:
         """Run this prepared refit again: the fast path for a loop that calls ``prepare`` once.
@@ -138,5 +142,6 @@ class Session:
                         raise_mismatches(stats, self.options.group, self.transport.timeout)
                 return stats
             except Exception:
-                session_cache.forget_transport(self.transport)
+                if self.on_failure is not None:
+                    self.on_failure(self.transport)
                 raise

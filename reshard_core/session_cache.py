@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import fingerprints
+from .coordination.refit_group import RefitGroup, view_of
 from .errors import ReshardError
-from .refit_group import view_of
 from .transport.copy_service import CopyService
 from .transport.registry import get_transport
 
@@ -66,8 +66,9 @@ def cached(key: tuple) -> Session | None:
 
 def remember(key: tuple, src: Any, dst: Any, signature: tuple, session: Session) -> None:
     """Cache ``session`` under ``key``, recording what it was built for; it is dropped as soon as
-    one of its models is collected."""
+    one of its models is collected (or the transfer group it runs over closes)."""
     _drop(key)
+    _follow_group(session.options.group)
     models = fingerprints.modules(src) + fingerprints.modules(dst)
     session.models = tuple(weakref.ref(m) for m in models)
     session.destinations = tuple(weakref.ref(m) for m in fingerprints.modules(dst))
@@ -95,7 +96,8 @@ def transport_for(transport: str | CopyService, group: Any, timeout: float | Non
     the registered transport of that name for ``group`` and ``timeout``."""
     if isinstance(transport, CopyService):
         return transport
-    key = (transport, view_of(group).key, timeout)
+    view = _follow_group(group)
+    key = (transport, view.key, timeout)
     service = _transports.get(key)
     if service is None:
         cls = get_transport(transport)
@@ -104,6 +106,14 @@ def transport_for(transport: str | CopyService, group: Any, timeout: float | Non
             raise ReshardError(f"transport '{transport}' is unavailable here: {reason}")
         service = _transports[key] = cls(group, timeout=timeout)
     return service
+
+
+def _follow_group(group: Any) -> RefitGroup:
+    """``group``'s view; a transfer group is asked to tell the cache when it closes."""
+    view = view_of(group)
+    if view.transfer is not None:
+        view.transfer.on_close(forget_group)
+    return view
 
 
 def forget_transport(service: CopyService) -> None:

@@ -44,7 +44,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def fresh_plugin_manager(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A plugin manager rebuilt from scratch for this test (and forgotten after it), env knobs unset."""
-    from reshard_core.plugin_status import DISABLE_ENV, STRICT_ENV
+    from reshard_core.entry_points import DISABLE_ENV
+    from reshard_core.plugin_status import STRICT_ENV
     from reshard_core.plugins import reset_plugin_manager
 
     monkeypatch.delenv(STRICT_ENV, raising=False)

@@ -79,8 +79,12 @@ def doctor(
             table.add_column(column, overflow="fold")
         for p in plugins:
             style = STATUS_STYLE.get(p["status"], "")
-            table.add_row(p["name"], f"[{style}]{p['status']}[/{style}]", "\n".join(p["requires"]) or "-",
-                          p["reason"] or "")
+            table.add_row(
+                p["name"],
+                f"[{style}]{p['status']}[/{style}]",
+                "\n".join(p["requires"]) or "-",
+                p["reason"] or "",
+            )
         out.print(table if plugins else "no reshard plugins installed")
     if any(r.status in FAILED_STATUSES for r in records):
         raise typer.Exit(EXIT_FAILURE)

@@ -68,7 +68,7 @@ def optional_bytes(text: str | None) -> int | None:
     """A byte size option (``64MiB``, ``1e9``) or None when the option was not given."""
     if text is None:
         return None
-    from .plan_cmd import parse_bytes
+    from .sizes import parse_bytes
 
     return parse_bytes(text)
 

@@ -7,7 +7,6 @@ file, the entry and the key.
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, TypeVar
@@ -22,6 +21,7 @@ from ..catalogue import CONFIGS, get_model, model_names
 from ..errors import ReshardError
 from .layouts import check_fits, megatron_text, parse_cli_layout
 from .output import EXIT_FAILURE, EXIT_USAGE, console, print_error, print_json
+from .sizes import parse_bytes
 
 if TYPE_CHECKING:
     from ..simulate.run import SimulationReport
@@ -30,19 +30,6 @@ T = TypeVar("T")
 
 FULL_PLAN_LIMIT = 256
 """Plan every rank up to this many; beyond it, a sample plus the busiest candidates."""
-
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
-
-
-def parse_bytes(text: str) -> int:
-    """``"64MiB"``, ``"1.5GB"``, ``"4096"`` → bytes; ``ValueError`` otherwise."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"bad byte size {text!r}: use e.g. 4096, 64MiB or 1GB")
-    value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if value <= 0:
-        raise ValueError(f"bad byte size {text!r}: must be positive")
-    return value
 
 
 def human(n: float) -> str:

@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from ..api import RefitReport, clear_caches, prepare, refit
-from ..exchange import failures
+from ..coordination import failures
 from ..extract import unwrap
 from ..transform import ReshardTransform
 from ..transport.copy_service import CopyService

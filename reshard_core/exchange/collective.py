@@ -12,15 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import torch
 import torch.distributed as dist
 
+from ..coordination.gather import all_gather_bytes
+from ..coordination.refit_group import view_of
 from ..errors import PlanError
 from ..plan.describe import format_layout, format_meta
 from ..plan.table import LayoutTable, TableBuilder
-from ..refit_group import view_of
 from ..specs import TensorSpec
-from .bounded import wait
 from .codec import decode, encode
 from .contribute import contributor, own_facts, records_of
 from .digest import MOD, expected_total, holding_digest
@@ -51,8 +50,9 @@ def exchange_layouts(
 ) -> tuple[LayoutTable, ExchangeStats]:
     """Collective over ``group``: every rank gets the same ``LayoutTable`` of both sides.
 
-    Meshes name refit ranks (``refit_group``). Raises ``PlanError`` on every rank when ranks disagree about a
-    tensor's shape, dtype or layout, naming the tensor and the ranks; ``TransportError`` when a
+    Meshes name refit ranks (``coordination.refit_group``). Raises ``PlanError`` on every rank when
+    ranks disagree about a tensor's shape, dtype or layout, naming the tensor and the ranks;
+    ``TransportError`` when a
     rank does not join within ``timeout`` seconds (None: the process group's own timeout).
     """
     view = view_of(group)
@@ -81,39 +81,6 @@ def exchange_layouts(
         padded=padded,
     )
     return table, stats
-
-
-def all_gather_bytes(
-    payload: bytes, group=None, timeout: float | None = None, what: str = "layout exchange"
-) -> tuple[list[bytes], int, bool]:
-    """Every rank's ``payload``; also the bytes this rank received and whether padding was used.
-    Each of its collectives is bounded by ``timeout`` (``bounded.wait``; ``what`` names it)."""
-    view = view_of(group)
-    backend, pg = view.backend, view.pg
-    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-    world = len(view.ranks)
-    size = torch.tensor([len(payload)], dtype=torch.int64, device=device)
-    sizes_t = [torch.empty_like(size) for _ in range(world)]
-    wait(dist.all_gather(sizes_t, size, group=pg, async_op=True), timeout, group, what)
-    sizes = [int(s.item()) for s in sizes_t]
-    empty = torch.empty(0, dtype=torch.uint8)
-    mine = (torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else empty).to(device)
-    uneven = backend == "nccl" and len(set(sizes)) > 1
-    width = max(sizes)
-    if uneven:
-        try:
-            outs = [torch.empty(n, dtype=torch.uint8, device=device) for n in sizes]
-            work = dist.all_gather(outs, mine, group=pg, async_op=True)
-        except (RuntimeError, ValueError):  # rejected before launch on every rank alike (same sizes)
-            uneven = False
-    if not uneven:
-        mine = torch.nn.functional.pad(mine, (0, width - len(payload)))
-        outs = [torch.empty(width, dtype=torch.uint8, device=device) for _ in sizes]
-        work = dist.all_gather(outs, mine, group=pg, async_op=True)
-    wait(work, timeout, group, what)
-    blobs = [bytes(o[:n].cpu().clone().untyped_storage()) for o, n in zip(outs, sizes, strict=True)]
-    received = 8 * world + (sum(sizes) if uneven else width * world)
-    return blobs, received, not uneven and len(set(sizes)) > 1
 
 
 def _raise_disagreement(table: LayoutTable, rank: int, facts, group, timeout: float | None) -> None:

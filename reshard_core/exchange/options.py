@@ -3,7 +3,7 @@
 Ranks that plan with different ``ignore``, ``tied``, ``max_batch_bytes``, ``cast``, ``verify``,
 ``delta`` or transports build plans or executions that do not pair up: tensors cross-wire silently
 or a receiver aborts on a size mismatch. Each rank adds one CRC-32 per option to the agreement
-all-gather (``exchange.agree``); every rank compares them and raises the same ``ReshardError`` naming the
+all-gather (``coordination.agree``); every rank compares them and raises the same ``ReshardError`` naming the
 option and the groups of ranks that differ.
 """
 

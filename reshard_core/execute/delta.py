@@ -39,6 +39,7 @@ from ..plan.ops import TransferOp
 from ..transport.copy_service import CopyService
 from ..views import copy_into
 from . import delta_codec
+from .delta_land import land as land_delta
 from .delta_state import (
     NO_BASELINE,
     NO_UPDATE_YET,
@@ -51,9 +52,8 @@ from .delta_state import (
 )
 from .messages import ExecContext, Incoming, Outgoing, recipe_of
 from .schedule import Schedule
-from .side_round import side_round
+from .side_round import exchange_device, side_round
 from .slots import layout_slots, slot_view
-from .verify import exchange_device
 
 DENSE_RATIO = 0.5
 """A message goes as a delta only when its encoding is at most this share of its dense bytes: a
@@ -229,7 +229,7 @@ class DeltaRun:
             raise ReshardError(self.state.refusals[key])
         recipe = recipe_of(self.ctx, ops, "recv")
         message = self.ctx.pool.take(size, recipe.pieces[0][0].device)
-        return Incoming(key[1], message, [], False, self.ctx.meter.hold(size), recipe, encoded=True)
+        return Incoming(key[1], message, [], False, self.ctx.meter.hold(size), recipe, lander=land_delta)
 
     def finish(self) -> None:
         """After every message landed: record each sender's update as applied."""

@@ -41,8 +41,9 @@ from .memo import ExecMemo
 from .messages import ExecContext, Incoming, Outgoing, build_incoming, build_outgoing, land, run_local
 from .pool import StagingPool, pool_for
 from .schedule import Batch, Schedule, build_schedule
+from .side_round import exchange_device
 from .stats import ExecStats
-from .verify import Verifier, exchange_device
+from .verify import Verifier
 
 _MAX_LIGHT = 256
 """Batches kept in flight at most (bounds outstanding transport requests)."""

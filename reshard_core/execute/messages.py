@@ -13,7 +13,7 @@ since both derive the same byte layout.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -28,8 +28,7 @@ from .slots import Slot, layout_slots, slot_view
 from .stats import ExecStats, StagingMeter
 
 if TYPE_CHECKING:
-    from .delta import DeltaRun
-    from .verify import Verifier
+    from .features import DeltaFeature, VerifyFeature
 
 
 @dataclass
@@ -47,10 +46,10 @@ class ExecContext:
     """Region views by ``(id(op), side)``, kept across executions by an ``ExecMemo``."""
     recipes: dict[tuple[int, str], Recipe] = field(default_factory=dict)
     """Untransformed messages' recipes by ``(id(ops), direction)``, kept by an ``ExecMemo``."""
-    verify: Verifier | None = None
-    """Set when the execution verifies arrivals (``verify.py``); None keeps the data path bare."""
-    delta: DeltaRun | None = None
-    """Set for a delta execution (``delta.py``): the messages it prepared and the sizes announced."""
+    verify: VerifyFeature | None = None
+    """Set when the execution verifies arrivals (``verify.Verifier``); None keeps the data path bare."""
+    delta: DeltaFeature | None = None
+    """Set for a delta execution (``delta.DeltaRun``): the messages it prepared and the sizes announced."""
 
     def wire_dtype(self, name: str) -> torch.dtype:
         return self.plan.tensors[name].dtype
@@ -108,8 +107,9 @@ class Incoming:
 
     recipe: Recipe | None = None
     """Set for an untransformed message: ``land`` unpacks by it (``landings`` is then empty)."""
-    encoded: bool = False
-    """``message`` is a delta against what the destination holds (``delta.py``), not the data."""
+    lander: Callable[[Incoming], None] | None = None
+    """Set when ``message`` is not the data itself (a delta against what the destination holds):
+    ``land`` hands it to this instead of unpacking it."""
 
     @property
     def pooled(self) -> bool:
@@ -281,10 +281,8 @@ def _buffer_bytes(landings: list[Landing]) -> int:
 
 def land(ctx: ExecContext, incoming: Incoming) -> None:
     """Unpack a completed message: one copy per op (cast if asked), or the transform's finalize_recv."""
-    if incoming.encoded:
-        from .delta_land import land as land_delta  # delta_land imports this module
-
-        land_delta(incoming)
+    if incoming.lander is not None:
+        incoming.lander(incoming)
         return
     if incoming.recipe is not None:
         if not incoming.direct:

@@ -32,3 +32,10 @@ def side_round(
         start().wait() if callable(start) else transport.run()
     except TransportError as exc:
         raise TransportError(f"rank {rank}, {what}: {exc}") from exc
+
+
+def exchange_device(transport: CopyService) -> torch.device:
+    """Where the digest tensors travel on ``transport``: the current GPU for a CUDA-only one."""
+    if transport.device == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..coordination.gather import all_gather_bytes
 from ..errors import ReshardError
-from ..exchange.collective import all_gather_bytes
 from ..plan.ops import RankPlan, TransferOp
 from ..transport.copy_service import CopyService
 from ..views import materialize
@@ -239,13 +239,6 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if x.is_cuda:
         return (x != y).any().logical_not()
     return torch.tensor(torch.equal(x, y))
-
-
-def exchange_device(transport: CopyService) -> torch.device:
-    """Where the digest tensors travel on ``transport``: the current GPU for a CUDA-only one."""
-    if transport.device == "cuda":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def _report(peer: int | None, rank: int, entries: Sequence[_Expected], bad: torch.Tensor) -> list[str]:

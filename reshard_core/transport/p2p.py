@@ -7,11 +7,12 @@ The split lets the executor pack the next batch while this one is on the wire.
 Pairing is by submission order: the n-th send from A to B in a round matches the n-th receive on B
 from A (zero-byte ops are skipped on both sides). Sizes must agree: Gloo kills a process that
 receives more bytes than its buffer holds. Every tensor travels as its raw bytes
-(``view(torch.uint8)``), so any dtype, float8 included, arrives bit for bit. Ranks are refit ranks
-(``reshard_core.refit_group``): global ranks, or a ``TransferGroup``'s own; ``group`` (default: the
-world) limits who may be a peer. When ``group``'s backend is not the one the transport needs, the
-transport builds its own group over the same ranks with ``dist.new_group``, which every rank of the
-world must do together (a ``TransferGroup`` builds it over its own store instead).
+(``view(torch.uint8)``), so any dtype, float8 included, arrives bit for bit. Ranks are refit
+ranks (``reshard_core.coordination.refit_group``): global ranks, or a ``TransferGroup``'s own;
+``group`` (default: the world) limits who may be a peer. When ``group``'s backend is not the one the
+transport needs, the transport builds its own group over the same ranks with ``dist.new_group``,
+which every rank of the world must do together (a ``TransferGroup`` builds it over its own store
+instead).
 
 Failure: a round that does not finish within ``timeout`` seconds, or whose peer vanished, raises
 ``TransportError`` naming the failed op (direction, peer rank, task id, bytes) and every other
@@ -35,10 +36,10 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
+from ..coordination import failures, watcher
+from ..coordination.refit_group import view_of
+from ..coordination.transfer_group import TransferGroup
 from ..errors import TransportError
-from ..exchange import failures, watcher
-from ..refit_group import view_of
-from ..transfer_group import TransferGroup
 from .copy_service import CopyService
 
 _KEPT_ALIVE: list[Any] = []  # given-up rounds: their buffers must outlive any late write by the backend
@@ -149,7 +150,7 @@ class P2PCopyService(CopyService):
     backend: ClassVar[str] = ""
     reads_failure_board: ClassVar[bool] = False
     """Wait on a helper thread and end a round as soon as a peer publishes its own error
-    (``reshard_core.exchange.failures``). For backends whose waits need no calling-thread state
+    (``reshard_core.coordination.failures``). For backends whose waits need no calling-thread state
     (Gloo); a CUDA backend's wait orders the calling thread's stream, so NCCL waits in place."""
 
     def __init__(self, group: dist.ProcessGroup | None = None, *, timeout: float | None = None):

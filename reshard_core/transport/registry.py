@@ -10,9 +10,16 @@ from __future__ import annotations
 import importlib.metadata as metadata
 from typing import TYPE_CHECKING
 
+from ..entry_points import (
+    DISABLE_ENV,
+    HOOK_GROUP,
+    TRANSPORT_GROUP,
+    EntryPointClaim,
+    conflict_reason,
+    disabled_names,
+    entry_point_claims,
+)
 from ..errors import PluginError
-from ..plugin_status import DISABLE_ENV, EntryPointClaim, conflict_reason, disabled_names, entry_point_claims
-from ..plugins import HOOK_GROUP, TRANSPORT_GROUP
 
 if TYPE_CHECKING:
     from .copy_service import CopyService

@@ -12,9 +12,9 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+from ..coordination.refit_group import RefitGroup
+from ..coordination.store_calls import call
 from ..errors import TransportError, first_line
-from ..refit_group import RefitGroup
-from ..store_calls import call
 
 DEFAULT_SECONDS = 300.0
 """How long ``share`` waits when the transport has no timeout."""

@@ -18,7 +18,6 @@ import torch
 from torch import nn
 from vllm_oracle import expected_vllm, hf_values
 
-from reshard_core.build.coverage import coverage_problems
 from reshard_core.errors import FormatError, PlanError
 from reshard_core.extract import ExtractContext
 from reshard_core.formats import declare_format, resolve_format
@@ -32,6 +31,7 @@ from reshard_core.formats.vllm import (
 from reshard_core.layout import Layout, Mesh, Replicate, Shard
 from reshard_core.plan.table import TableBuilder
 from reshard_core.plan.validate import validate_table
+from reshard_core.preparation.coverage import coverage_problems
 from reshard_core.specs import TensorMeta, TensorSpec
 from reshard_core.testing.vllm_standin import VLLMStandInForCausalLM
 

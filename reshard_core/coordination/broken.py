@@ -24,7 +24,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ..errors import TransportError, first_line
-from ..refit_group import RefitGroup
+from .refit_group import RefitGroup
 
 _broken: dict[Hashable, tuple[Any, str]] = {}
 """Group key -> (the process group object that broke, the first line of the error that broke it)."""

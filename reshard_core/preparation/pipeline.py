@@ -1,8 +1,8 @@
 """Build one rank's refit ``Session``: extract → agree that no rank failed → exchange → plan.
 
-``api`` calls ``build`` once every rank agreed (``exchange.agree``) that no cached session fits.
-Extraction goes through the models' formats when they differ (``build.sides``); any rank's problem
-is raised on every rank before the exchange (``exchange.verdict``), and a plan error on every rank
+``api`` calls ``build`` once every rank agreed (``coordination.agree``) that no cached session fits.
+Extraction goes through the models' formats when they differ (``preparation.sides``); any rank's problem
+is raised on every rank before the exchange (``coordination.verdict``), and a plan error on every rank
 before any data moves. Padding is zero-filled only once the plan is valid, so a refused refit
 leaves the destination untouched.
 """
@@ -14,9 +14,11 @@ from dataclasses import replace
 
 import torch
 
+from ..coordination import failures
+from ..coordination.refit_group import RefitGroup, to_refit_ranks, view_of
+from ..coordination.verdict import Problems, raise_if_any
 from ..errors import PlanError, ReshardError
-from ..exchange import exchange_layouts, failures
-from ..exchange.verdict import Problems, raise_if_any
+from ..exchange import exchange_layouts
 from ..execute.delta_state import DeltaState
 from ..extract import ExtractContext, extract_specs
 from ..extract.destinations import destination_problems
@@ -25,9 +27,8 @@ from ..fingerprints import Model
 from ..options import RefitOptions
 from ..plan.cache import cached_plan_rank
 from ..plugins import get_plugin_manager
-from ..refit_group import RefitGroup, to_refit_ranks, view_of
 from ..session import Session
-from ..session_cache import transport_for
+from ..session_cache import forget_transport, transport_for
 from ..specs import TensorSpec
 from ..transform import ReshardTransform
 from .sides import FormatChoice, logical_hint, logical_side
@@ -87,6 +88,7 @@ def build(src: Model, dst: Model, sides: tuple, options: RefitOptions, choice: F
         options=o,
         refreshers=[*syncs, *(spec.source for spec in src_specs if hasattr(spec.source, "refresh_source"))],
         delta=DeltaState() if o.delta else None,
+        on_failure=forget_transport,
     )
 
 

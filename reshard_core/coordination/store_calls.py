@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .errors import TransportError, first_line
+from ..errors import TransportError, first_line
 
 T = TypeVar("T")
 

@@ -6,7 +6,7 @@ session whose models changed, a ``refuse_refit``); when one did, every rank join
 those errors and raises the same one (``raise_errors``), before any data moves. ``refit`` and
 ``prepare`` follow it with the agreement (one tiny all-gather): whether the cached session is still
 valid everywhere (a change on any rank makes every rank rebuild, never a stale plan), which ranks
-pass a source and a destination model, each rank's model format codes (``build.sides.format_code``)
+pass a source and a destination model, each rank's model format codes (``preparation.sides.format_code``)
 and its option digests (``exchange.options``), so that every rank raises the same error on a
 mismatch. A prepared ``Session.refit`` needs only the start. The close (``finish_together``), after
 the data moved, makes a rank whose own part succeeded raise when another rank's failed. No rank
@@ -22,9 +22,9 @@ import torch.distributed as dist
 
 from .. import errors
 from ..plan.describe import format_ranks
-from ..refit_group import view_of
 from . import bounded, broken
-from .collective import all_gather_bytes
+from .gather import all_gather_bytes
+from .refit_group import view_of
 
 
 @dataclass(frozen=True)

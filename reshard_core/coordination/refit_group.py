@@ -15,8 +15,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .layout import Layout, Mesh
-from .specs import TensorSpec
+from ..layout import Layout, Mesh
+from ..specs import TensorSpec
 from .store_calls import StoreHost, host_of
 from .transfer_group import TransferGroup
 
@@ -63,7 +63,7 @@ def view_of(group: Any) -> RefitGroup:
     """The ``RefitGroup`` of a refit's ``group`` argument."""
     if isinstance(group, TransferGroup):
         if group.closed:
-            from .errors import TransportError
+            from ..errors import TransportError
 
             raise TransportError(f"{group!r} is closed; join a new transfer group")
         ranks = tuple(range(group.size))
@@ -71,7 +71,7 @@ def view_of(group: Any) -> RefitGroup:
             group.pg, ranks, group.rank, group.size, group.backend, group.offset, group.key, group
         )
     if not (dist.is_available() and dist.is_initialized()):
-        from .errors import TransportError
+        from ..errors import TransportError
 
         raise TransportError(
             "refit needs torch.distributed initialised (dist.init_process_group) or a TransferGroup as group="

@@ -1,6 +1,6 @@
 """Whether a refit goes through the logical space, and each side's logical specs when it does.
 
-Every rank resolves the formats of the models it holds; one all-gather (``exchange.agree``) shares
+Every rank resolves the formats of the models it holds; one all-gather (``coordination.agree``) shares
 them as ``format_code``s, and ``agreed_formats`` turns those into the same ``FormatChoice`` on
 every rank: map both sides onto logical tensors exactly when each side has one format and the two
 differ. Models of one format, or without one, are refit by their own tensor names as before.
@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
+from ..coordination.verdict import Problems
 from ..errors import ReshardError
-from ..exchange.verdict import Problems
 from ..extract import ExtractContext
 from ..formats.base import CanonicalFormat, ModelFormat
 from ..formats.registry import available_formats

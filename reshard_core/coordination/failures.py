@@ -36,9 +36,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..errors import ReshardError, TransportError
-from ..refit_group import RefitGroup, view_of
-from ..store_calls import StoreSilent, call
 from . import broken
+from .refit_group import RefitGroup, view_of
+from .store_calls import StoreSilent, call
 
 POLL = 0.05
 """Seconds between two looks at the board while a wait blocks."""

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 from ..errors import PlanError
 from ..plan.describe import format_ranks
-from ..refit_group import view_of
-from .collective import all_gather_bytes
+from .gather import all_gather_bytes
+from .refit_group import view_of
 
 _MAX_LISTED = 12
 

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import datetime
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
-from .errors import TransportError
+from ..errors import TransportError
 from .store_calls import call, host_of
 
 _BACKENDS = ("gloo", "nccl")
@@ -64,6 +64,7 @@ class TransferGroup:
         self.key = ("transfer", next(_serial))
         """Distinguishes this group from every other (also one later joined at the same address)."""
         self._groups: dict[str, Any] = {}
+        self._on_close: list[Callable[[Hashable], None]] = []
         self._gathers: dict[str, int] = {}
         self.closed = False
         self.pg = self.process_group(backend)
@@ -202,14 +203,20 @@ class TransferGroup:
         except Exception:
             return False
 
+    def on_close(self, callback: Callable[[Hashable], None]) -> None:
+        """Call ``callback(self.key)`` when the group closes (once per callback; the refit caches
+        use it to drop the sessions and transports built on the group)."""
+        if callback not in self._on_close:
+            self._on_close.append(callback)
+
     def close(self) -> None:
-        """End the group: drop the refit sessions and transports built on it, then release its
-        process groups and the store. Idempotent; the group cannot be used afterwards."""
+        """End the group: tell those who asked (``on_close``: the refit caches drop the sessions and
+        transports built on it), then release its process groups and the store. Idempotent; the
+        group cannot be used afterwards."""
         if self.closed:
             return
-        from .session_cache import forget_group  # the refit caches hold sessions keyed by this group
-
-        forget_group(self.key)
+        for callback in self._on_close:
+            callback(self.key)
         self.closed = True
         for pg in self._groups.values():
             shutdown = getattr(pg, "shutdown", None)
@@ -249,7 +256,7 @@ def _agree_size(store: Any, rank: int, size: int | None, address: str, timeout: 
             f"{timeout:g} s: {_first_line(exc)}"
         ) from exc
     if published.startswith(_REFUSED):
-        raise TransportError(f"transfer group rank {rank} at {address}: {published[len(_REFUSED):]}")
+        raise TransportError(f"transfer group rank {rank} at {address}: {published[len(_REFUSED) :]}")
     if size is not None and int(published) != size:
         raise TransportError(
             f"transfer group rank {rank} at {address}: joined with size {size}, but the group was "

@@ -20,9 +20,9 @@ from typing import Any
 
 from ..errors import TransportError, first_line
 from ..plan.describe import format_ranks
-from ..refit_group import RefitGroup, view_of
-from ..store_calls import StoreSilent, call
 from . import broken, failures
+from .refit_group import RefitGroup, view_of
+from .store_calls import StoreSilent, call
 
 _sequence: dict[object, int] = {}
 _GRACE = 0.25  # seconds for marks of ranks that joined just before the deadline to land
