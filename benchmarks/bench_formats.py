@@ -95,7 +95,7 @@ def _build(case: str, hidden: int, layers: int, vocab: int, dtype: torch.dtype):
 
 def _control(model, side: str, fmt) -> nn.Module:
     """Plain contiguous copies of every logical piece ``model`` holds, declared with its layout."""
-    from reshard_core.coordination.verdict import Problems
+    from reshard_core.coordination.problems import Problems
     from reshard_core.extract import ExtractContext, declare_layout
     from reshard_core.preparation.sides import logical_side
     from reshard_core.views import materialize, region

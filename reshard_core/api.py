@@ -24,7 +24,7 @@ from .coordination import failures
 from .coordination.agree import agree
 from .coordination.refit_group import view_of
 from .errors import ReshardError
-from .exchange.options import OPTION_NAMES, check_options, option_digests
+from .exchange.option_digests import OPTION_NAMES, check_options, option_digests
 from .fingerprints import Model, check_models, model_signature
 from .formats import resolve_format
 from .options import RefitOptions
@@ -155,10 +155,10 @@ def _session(src: Model, dst: Model, options: RefitOptions) -> tuple[Session, bo
         if agreed.valid:
             return local.cached, True
         choice = agreed_formats(local.formats, agreed.codes, agreed.sides)
-    session = build(src, dst, agreed.sides, o, choice)
+    session = build(src, dst, agreed.sides, o, choice, local.signature)
     if session.delta is not None and local.cached is not None:
         session.delta.origin = "the plan was rebuilt (a model's tensors or layout changed on some rank)"
-    session_cache.remember(local.key, src, dst, local.signature, session)
+    session_cache.remember(local.key, session)
     return session, False
 
 

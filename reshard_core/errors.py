@@ -7,6 +7,11 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def one_line(exc: BaseException) -> str:
+    """``exc``'s whole message on one line (runs of whitespace and newlines become one space)."""
+    return " ".join(str(exc).split())
+
+
 class ReshardError(Exception):
     """Base class of every error reshard raises on purpose."""
 

@@ -8,6 +8,7 @@ keeps its name, shape, dtype, stride, storage pointer and declared layout: its `
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -115,3 +116,38 @@ def changed(
         if tensor is None or fingerprint(tensor) != print_:
             return "a tensor was replaced, reshaped, moved or re-laid out"
     return None
+
+
+@dataclass(frozen=True)
+class ModelsSeen:
+    """What a session was prepared for, taken once when it is built: the source then destination
+    modules (weakly held) and the destination modules alone, their ``model_signature`` pair, each
+    tensor's place and fingerprint (``watch``), and each module's children."""
+
+    models: tuple[weakref.ref, ...]
+    destinations: tuple[weakref.ref, ...]
+    signature: tuple
+    watched: tuple[Watched, ...]
+    structure: tuple[tuple[weakref.ref, tuple | None], ...]
+
+    @classmethod
+    def of(cls, src: Model, dst: Model, signature: tuple) -> ModelsSeen:
+        found = modules(src) + modules(dst)
+        return cls(
+            models=tuple(weakref.ref(m) for m in found),
+            destinations=tuple(weakref.ref(m) for m in modules(dst)),
+            signature=signature,
+            watched=tuple(watch(found)),
+            structure=tuple((weakref.ref(m), children(m)) for root in found for m in root.modules()),
+        )
+
+    def same_objects(self, src: Model, dst: Model, signature: tuple) -> bool:
+        """Whether ``src``/``dst`` are the very objects seen, with the same ``signature``."""
+        found = modules(src) + modules(dst)
+        if len(found) != len(self.models) or signature != self.signature:
+            return False
+        return all(ref() is m for ref, m in zip(self.models, found, strict=True))
+
+    def change(self) -> str | None:
+        """Why the models no longer match what was seen (``changed``), or None."""
+        return changed(self.models, list(self.structure), list(self.watched))

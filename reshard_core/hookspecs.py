@@ -36,7 +36,7 @@ def reshard_plan_tensor(entry, rank, context):
 
     ``entry`` is the tensor's ``reshard_core.plan.table.TableEntry`` (meta, source layouts,
     destination layouts); ``rank`` the planning rank; ``context`` a
-    ``reshard_core.plan.context.PlanContext`` (the whole table and its per-dimension indexes).
+    ``reshard_core.plan.planner_context.PlanContext`` (the whole table and its per-dimension indexes).
     The result must be a pure function of
     (entry, rank) so the peer of every send derives the matching receive in the same position.
     The built-in box planner is the fallback.

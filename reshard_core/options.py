@@ -2,7 +2,7 @@
 
 ``refit`` and ``prepare`` take one (or build one from their keywords) and pass it down whole: the
 session cache keys on it, the agreement round checks that every rank passed the same plan- and
-execution-shaping options (``exchange.options``), and the planner reads its ``PlanOptions`` part.
+execution-shaping options (``exchange.option_digests``), and the planner reads its ``PlanOptions`` part.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .plan.options import PlanOptions
+from .plan.plan_options import PlanOptions
 
 if TYPE_CHECKING:
     import torch.distributed as dist

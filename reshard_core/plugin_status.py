@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import pluggy
 
-from .errors import PluginError
+from .errors import PluginError, one_line
 
 STRICT_ENV = "RESHARD_STRICT_PLUGINS"
 
@@ -84,7 +84,7 @@ def unknown_hooks(pm: pluggy.PluginManager, plugin: object, hooks: tuple[str, ..
 
 def error_text(exc: BaseException) -> str:
     """An exception as one line: its type and its message with whitespace collapsed."""
-    message = " ".join(str(exc).split())
+    message = one_line(exc)
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 

@@ -9,7 +9,6 @@ models (``fingerprints``), and one flag in the start round makes every rank rais
 from __future__ import annotations
 
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,18 +53,10 @@ class Session:
     """Objects with a ``refresh_source()`` method, called before every execution so no source is
     stale: finishers of Megatron's deferred parameter all-gathers (``extract.freshness``), then
     source specs derived from live data (e.g. a dequantized copy of a quantized param)."""
-    models: tuple[weakref.ref, ...] = ()
-    """The source modules, then the destination modules, it was built for (weakly held)."""
-    signature: tuple = ()
-    """``(model_signature(src), model_signature(dst))`` when it was built (``fingerprints``)."""
-    watched: list[fingerprints.Watched] = field(default_factory=list)
-    """Each tensor of its models: where it sits and its fingerprint (``fingerprints.watch``)."""
-    structure: list[tuple[weakref.ref, tuple]] = field(default_factory=list)
-    """Each module of its models, with (weak references to) the children it held."""
+    seen: fingerprints.ModelsSeen | None = None
+    """The models it was prepared for, as they were then (``fingerprints.ModelsSeen``)."""
     delta: DeltaState | None = None
     """Prepared with ``delta=True``: the snapshots and confirmations its delta executions keep."""
-    destinations: tuple[weakref.ref, ...] = ()
-    """The destination modules (weakly held): where ``version=`` is recorded."""
     on_failure: Callable[[CopyService], None] | None = None
     """Called with the transport when an execution failed (the cache drops it and the sessions
     using it: its peers' state is unknown)."""
@@ -87,7 +78,7 @@ class Session:
         o = self.options
         with failures.watched(o.group):
             self.refresh()  # first: Megatron's all-gathers are collective even where a model changed
-            problem = fingerprints.changed(self.models, self.structure, self.watched)
+            problem = self.seen.change() if self.seen is not None else None
             error = None
             if problem is not None:
                 error = ReshardError(
@@ -100,14 +91,12 @@ class Session:
 
     def built_for(self, src: Any, dst: Any, signature: tuple) -> bool:
         """True when ``src``/``dst`` are the very objects this session was built for, unchanged."""
-        models = fingerprints.modules(src) + fingerprints.modules(dst)
-        if len(models) != len(self.models):
-            return False
-        return all(r() is m for r, m in zip(self.models, models, strict=True)) and self.signature == signature
+        return self.seen is not None and self.seen.same_objects(src, dst, signature)
 
     def run(self, cast: bool, version: Any) -> ExecStats:
         """Refresh the sources, execute, and record ``version`` on the destinations once it landed."""
-        destinations = [m for m in (ref() for ref in self.destinations) if m is not None]
+        refs = self.seen.destinations if self.seen is not None else ()
+        destinations = [m for m in (ref() for ref in refs) if m is not None]
         versions.begin(destinations)
         self.refresh()
         stats = self._execute(cast or self.options.cast)

@@ -64,20 +64,13 @@ def cached(key: tuple) -> Session | None:
     return None if found is None else found.session
 
 
-def remember(key: tuple, src: Any, dst: Any, signature: tuple, session: Session) -> None:
-    """Cache ``session`` under ``key``, recording what it was built for; it is dropped as soon as
-    one of its models is collected (or the transfer group it runs over closes)."""
+def remember(key: tuple, session: Session) -> None:
+    """Cache ``session`` under ``key``; it is dropped as soon as one of the models it was built for
+    is collected (or the transfer group it runs over closes)."""
     _drop(key)
     _follow_group(session.options.group)
-    models = fingerprints.modules(src) + fingerprints.modules(dst)
-    session.models = tuple(weakref.ref(m) for m in models)
-    session.destinations = tuple(weakref.ref(m) for m in fingerprints.modules(dst))
-    session.signature = signature
-    session.watched = fingerprints.watch(models)
-    session.structure = [
-        (weakref.ref(m), fingerprints.children(m)) for root in models for m in root.modules()
-    ]
-    finalizers = [weakref.finalize(m, _sessions.pop, key, None) for m in models]
+    models = [ref() for ref in session.seen.models] if session.seen is not None else []
+    finalizers = [weakref.finalize(m, _sessions.pop, key, None) for m in models if m is not None]
     _sessions[key] = _Cached(session, finalizers)
 
 

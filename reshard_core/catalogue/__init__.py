@@ -6,11 +6,11 @@ builders and the JSON loader are imported on first use.
 
 from __future__ import annotations
 
-import importlib
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..lazy import lazy_exports
 from .configs import GPTConfig, MLAConfig
 from .models import CONFIGS
 
@@ -30,11 +30,7 @@ _LAZY = {
 __all__ = ["CONFIGS", "GPTConfig", "MLAConfig", "get_model", "model_names", *_LAZY]
 
 
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{module}", __name__), name)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 
 def model_names() -> list[str]:

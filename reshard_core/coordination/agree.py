@@ -7,7 +7,7 @@ those errors and raises the same one (``raise_errors``), before any data moves. 
 ``prepare`` follow it with the agreement (one tiny all-gather): whether the cached session is still
 valid everywhere (a change on any rank makes every rank rebuild, never a stale plan), which ranks
 pass a source and a destination model, each rank's model format codes (``preparation.sides.format_code``)
-and its option digests (``exchange.options``), so that every rank raises the same error on a
+and its option digests (``exchange.option_digests``), so that every rank raises the same error on a
 mismatch. A prepared ``Session.refit`` needs only the start. The close (``finish_together``), after
 the data moved, makes a rank whose own part succeeded raise when another rank's failed. No rank
 skips a round, so no later collective pairs with the wrong call.

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from ..errors import TransportError
+from ..errors import TransportError, first_line
 from .store_calls import call, host_of
 
 _BACKENDS = ("gloo", "nccl")
@@ -102,7 +102,7 @@ class TransferGroup:
             role = "host" if hosting else "reach"
             raise TransportError(
                 f"transfer group rank {rank}: could not {role} the rendezvous store at {address} "
-                f"within {timeout:g} s: {_first_line(exc)}"
+                f"within {timeout:g} s: {first_line(exc)}"
             ) from exc
         size = _agree_size(store, rank, size, address, timeout)
         _check_ranks(rank, size, job_ranks)
@@ -140,7 +140,7 @@ class TransferGroup:
             raise TransportError(
                 f"transfer group rank {self.rank} of {self.size} at {self.address}: the {backend} group did "
                 f"not form within {self.timeout:g} s (a rank did not join, or joined with another size): "
-                f"{_first_line(exc)}"
+                f"{first_line(exc)}"
             ) from exc
         impl._set_sequence_number_for_group()
         pg._set_default_backend(kind)
@@ -171,12 +171,12 @@ class TransferGroup:
             if absent is None:
                 raise TransportError(
                     f"transfer group rank {self.rank}: {what}: the group's store at {self.address} is "
-                    f"gone: rank 0, its host, exited or stalled ({_first_line(exc)})"
+                    f"gone: rank 0, its host, exited or stalled ({first_line(exc)})"
                 ) from exc
             absent = [ranks[i] for i in absent]
             if missing is not None:
                 return [missing if r in absent else self.store.get(prefix + str(r)).decode() for r in ranks]
-            who = f"ranks {absent} did not report" if absent else _first_line(exc)
+            who = f"ranks {absent} did not report" if absent else first_line(exc)
             raise TransportError(
                 f"transfer group rank {self.rank}: {what}: {who} within {self.timeout:g} s "
                 "(failed, exited or stalled)"
@@ -253,7 +253,7 @@ def _agree_size(store: Any, rank: int, size: int | None, address: str, timeout: 
     except Exception as exc:
         raise TransportError(
             f"transfer group rank {rank} at {address}: no rank published the group size within "
-            f"{timeout:g} s: {_first_line(exc)}"
+            f"{timeout:g} s: {first_line(exc)}"
         ) from exc
     if published.startswith(_REFUSED):
         raise TransportError(f"transfer group rank {rank} at {address}: {published[len(_REFUSED) :]}")
@@ -281,8 +281,3 @@ def _unset(group: TransferGroup, keys: list[str]) -> list[int] | None:
         return group.ask_store(lambda store: [r for r, k in enumerate(keys) if not store.check([k])])
     except Exception:
         return None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -16,8 +16,9 @@ finishes a transformed tensor. Batches whose messages all moved in place hold no
 flight, so a rank never stops packing, copying or launching to wait for them.
 ``ExecStats.peak_staging_bytes`` reports what was held.
 
-Transports with a ``start()`` returning a handle with ``wait()`` (``P2PCopyService`` and its
-subclasses, NVSHMEM) get that overlap; others are driven through ``run()``, one batch at a time.
+Every transport is driven through ``CopyService.start()`` (the overlapping mode): those that
+override it (``P2PCopyService`` and its subclasses, NVSHMEM) get that overlap; for the others the
+default runs the batch inside ``start()``, one batch at a time.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ from ..transform import ReshardTransform, assign_transforms
 from ..transport.copy_service import CopyService
 from ..transport.task_ids import message_task_id
 from . import delta as deltas
-from .check import check_inputs
 from .delta_state import DeltaState, stamp
+from .input_checks import check_inputs
 from .memo import ExecMemo
 from .messages import ExecContext, Incoming, Outgoing, build_incoming, build_outgoing, land, run_local
 from .pool import StagingPool, pool_for
@@ -61,7 +62,7 @@ class Prepared:
 @dataclass
 class Flight:
     """A launched batch. ``waits`` pairs each transport handle still to wait for with the messages
-    it completes; messages completed by no handle (``run()`` transports) completed at launch."""
+    it completes (a transport without overlap completed them inside ``start()``)."""
 
     prepared: Prepared
     waits: list[tuple[list[Incoming | Outgoing], Callable[[], None]]] = field(default_factory=list)
@@ -237,8 +238,8 @@ def _launch(ctx: ExecContext, batch: Batch, schedule: Schedule, transport: CopyS
     its own round, started as soon as it is ready (receives land as they arrive, each send goes
     while the next is packed); otherwise the batch is one round."""
     flight = Flight(Prepared(batch, [], []))
-    start = getattr(transport, "start", None)
-    split = callable(start) and transport.independent_rounds
+    start = transport.start
+    split = transport.independent_rounds
     with ctx.stats.timed("pack"):
         for name in schedule.firsts.get(batch.index, ()):
             ctx.meter.hold(ctx.transforms[name].transient_bytes(name))
@@ -274,9 +275,7 @@ def _launch(ctx: ExecContext, batch: Batch, schedule: Schedule, transport: CopyS
             if split:
                 flight.waits.append(([outgoing], start().wait))
     with ctx.stats.timed("transfer"):
-        if not callable(start):
-            transport.run()
-        elif not split and (flight.prepared.incoming or flight.prepared.outgoing):
+        if not split and (flight.prepared.incoming or flight.prepared.outgoing):
             flight.waits.append(([*flight.prepared.incoming, *flight.prepared.outgoing], start().wait))
     return flight
 

@@ -22,7 +22,7 @@ import torch
 from ..plan.ops import RankPlan, TransferOp
 from ..transform import ReshardTransform
 from ..views import copy_into, materialize, region
-from .check import source_name
+from .input_checks import source_name
 from .pool import StagingPool
 from .slots import Slot, layout_slots, slot_view
 from .stats import ExecStats, StagingMeter

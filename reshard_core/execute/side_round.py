@@ -27,9 +27,8 @@ def side_round(
         transport.submit_recv(buffer, peer, message_task_id(index, peer, rank))
     for peer, tensor in sends.items():
         transport.submit_send(tensor, peer, message_task_id(index, rank, peer))
-    start = getattr(transport, "start", None)
     try:
-        start().wait() if callable(start) else transport.run()
+        transport.start().wait()
     except TransportError as exc:
         raise TransportError(f"rank {rank}, {what}: {exc}") from exc
 

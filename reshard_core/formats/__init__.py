@@ -11,7 +11,7 @@ from __future__ import annotations
 from .base import CanonicalFormat, FormatSpecs, ModelFormat
 from .registry import available_formats, declare_format, format_named, resolve_format
 from .vllm import VOCAB_PADDING, VLLMFormat, declare_vllm
-from .vllm_parallel import VLLMParallel, parallel_from_vllm
+from .vllm_parallel import VLLMParallel
 
 __all__ = [
     "CanonicalFormat",
@@ -24,6 +24,5 @@ __all__ = [
     "declare_format",
     "declare_vllm",
     "format_named",
-    "parallel_from_vllm",
     "resolve_format",
 ]

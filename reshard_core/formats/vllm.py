@@ -22,8 +22,8 @@ tensor's layout from the model's transformers config (``model.config``) and a ``
 description (``vllm_parallel.py``), and its local piece as a cut of a fused parameter (rows of
 ``qkv_proj``, ``w13_weight[k, :I_l]``, …: the cut language of ``cuts.py``; this module is only
 vLLM's naming, fusion and padding table). The description is the model's ``reshard_vllm_parallel``
-attribute (set by ``declare_vllm``), else, for a real vLLM model, read from vLLM's own process
-groups (``parallel_from_vllm``: pipeline parallel size 1, the ranks of vLLM's world).
+attribute, set by ``declare_vllm`` (for a live vLLM worker, ``reshard-vllm`` declares it from vLLM's
+own process groups: pipeline parallel size 1, the ranks of vLLM's world).
 
 A custom engine (an SGLang model, a hand-written one) with vLLM's names and per-rank shapes and a
 ``config`` attribute declares it::
@@ -50,7 +50,7 @@ from ..specs import TensorSpec
 from .base import FormatSpecs, ModelFormat
 from .cuts import EngineTable, Narrow, Select
 from .registry import declare_format
-from .vllm_parallel import PARALLEL_ATTR, VLLMParallel, parallel_from_vllm, parallel_of
+from .vllm_parallel import PARALLEL_ATTR, VLLMParallel, parallel_of
 
 __all__ = [
     "PARALLEL_ATTR",
@@ -58,7 +58,6 @@ __all__ = [
     "VLLMFormat",
     "VLLMParallel",
     "declare_vllm",
-    "parallel_from_vllm",
     "vllm_logical_specs",
     "vllm_param_shapes",
 ]

@@ -1,12 +1,12 @@
 """How a vLLM engine's ranks are arranged (``VLLMParallel``), and where format "vllm" finds it.
 
-A model carries its arrangement in the ``reshard_vllm_parallel`` attribute (set by ``declare_vllm``);
-a real vLLM model without one is described from vLLM's own process groups (``parallel_from_vllm``).
+A model carries its arrangement in the ``reshard_vllm_parallel`` attribute (set by ``declare_vllm``).
+The core never reads a live vLLM: ``reshard-vllm`` declares a worker's model from vLLM's own process
+groups (``reshard_vllm.layout.engine_parallel``).
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -84,44 +84,15 @@ class VLLMParallel:
         return [list(range(r * b + min(r, q), r * b + min(r, q) + b + (r < q))) for r in range(p)]
 
 
-def parallel_from_vllm(model: Any = None) -> VLLMParallel:
-    """The parallel description of a model built inside a vLLM worker, from vLLM's process groups.
-
-    Assumes vLLM's rank grid (TP fastest, then pipeline, then DP) with pipeline size 1, and that
-    vLLM's ranks are this process group's ranks. MoE options are read from ``model``'s first
-    ``FusedMoE`` layer (``moe_parallel_config.use_ep``, ``expert_placement_strategy``).
-    """
-    ps = sys.modules.get("vllm.distributed.parallel_state")  # a vLLM worker imported it; never import it
-    try:
-        if ps is None:
-            raise RuntimeError("this process is no vLLM worker")
-        pp_size = ps.get_pp_group().world_size
-    except Exception as exc:  # not imported, or imported without initialised groups
-        raise FormatError(
-            f"format 'vllm': the model has no {PARALLEL_ATTR} attribute and vLLM's process groups are not "
-            f"available ({exc}); set it to a reshard_core.formats.vllm.VLLMParallel"
-        ) from exc
-    if pp_size > 1:
-        raise FormatError("format 'vllm': pipeline-parallel vLLM engines are not supported")
-    tp, dp = ps.get_tp_group(), ps.get_dp_group()
-    mine = tuple(int(r) for r in tp.ranks)
-    me = mine[tp.rank_in_group]
-    groups = tuple(tuple(r - me + int(peer) for r in mine) for peer in dp.ranks)
-    use_ep, placement = False, "linear"
-    for module in model.modules() if model is not None else ():
-        config = getattr(module, "moe_parallel_config", None)
-        if config is not None:
-            use_ep = bool(getattr(config, "use_ep", False))
-            placement = str(getattr(module, "expert_placement_strategy", "linear") or "linear")
-            break
-    return VLLMParallel(groups, use_ep, placement)
-
-
 def parallel_of(model: Any) -> VLLMParallel:
-    """``model``'s ``reshard_vllm_parallel``, else (a real vLLM model) the one vLLM's groups give."""
+    """``model``'s ``reshard_vllm_parallel`` (``FormatError`` when it has none)."""
     found = getattr(model, PARALLEL_ATTR, None)
     if isinstance(found, VLLMParallel):
         return found
     if found is not None:
         raise FormatError(f"format 'vllm': {PARALLEL_ATTR} is a {type(found).__name__}, not a VLLMParallel")
-    return parallel_from_vllm(model)
+    raise FormatError(
+        f"format 'vllm': the model has no {PARALLEL_ATTR} attribute; declare it with "
+        "reshard_core.formats.declare_vllm(model, VLLMParallel(...)), or refit a vLLM engine through "
+        "reshard-vllm, which reads it from vLLM's process groups"
+    )

@@ -29,9 +29,9 @@ from __future__ import annotations
 import zlib
 from itertools import product
 
-from .context import PlanContext
 from .index import LayoutDims, SideIndex
 from .ops import OpKind, TransferOp
+from .planner_context import PlanContext
 from .table import TableEntry
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..layout import Layout
 from .ops import RankPlan
-from .options import PlanOptions
+from .plan_options import PlanOptions
 from .rank import plan_rank
 from .table import LayoutTable
 from .validate import normalize_options

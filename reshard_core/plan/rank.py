@@ -7,9 +7,9 @@ from dataclasses import replace
 from typing import Any
 
 from .batching import assign_batches
-from .context import PlanContext, context_for
 from .ops import RankPlan, TransferOp
-from .options import PlanOptions
+from .plan_options import PlanOptions
+from .planner_context import PlanContext, context_for
 from .table import LayoutTable, TableEntry
 from .validate import validate_table
 

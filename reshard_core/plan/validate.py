@@ -31,9 +31,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from ..errors import PlanError
-from .context import context_for
 from .describe import dim_word, format_layout, format_meta, format_ranks, format_region
 from .index import LayoutDims
+from .planner_context import context_for
 from .table import LayoutTable, TableEntry
 
 MEGATRON_TIED = {"output_layer.weight": "embedding.word_embeddings.weight"}

@@ -15,15 +15,15 @@ from dataclasses import replace
 import torch
 
 from ..coordination import failures
+from ..coordination.problems import Problems, raise_if_any
 from ..coordination.refit_group import RefitGroup, to_refit_ranks, view_of
-from ..coordination.verdict import Problems, raise_if_any
 from ..errors import PlanError, ReshardError
 from ..exchange import exchange_layouts
 from ..execute.delta_state import DeltaState
 from ..extract import ExtractContext, extract_specs
 from ..extract.destinations import destination_problems
 from ..extract.freshness import source_refreshers
-from ..fingerprints import Model
+from ..fingerprints import Model, ModelsSeen
 from ..options import RefitOptions
 from ..plan.cache import cached_plan_rank
 from ..plugins import get_plugin_manager
@@ -34,9 +34,13 @@ from ..transform import ReshardTransform
 from .sides import FormatChoice, logical_hint, logical_side
 
 
-def build(src: Model, dst: Model, sides: tuple, options: RefitOptions, choice: FormatChoice) -> Session:
-    """This rank's session. ``sides``: the global ranks passing a source / destination model, over
-    which each side's plain, undeclared tensors are replicated. Collective over ``options.group``."""
+def build(
+    src: Model, dst: Model, sides: tuple, options: RefitOptions, choice: FormatChoice, signature: tuple
+) -> Session:
+    """This rank's session, complete. ``sides``: the global ranks passing a source / destination
+    model, over which each side's plain, undeclared tensors are replicated; ``signature``: the
+    models' ``model_signature`` pair, recorded with what the session was built for. Collective over
+    ``options.group``."""
     o = options
     view = view_of(o.group)
     seconds: dict[str, float] = {}
@@ -88,6 +92,7 @@ def build(src: Model, dst: Model, sides: tuple, options: RefitOptions, choice: F
         options=o,
         refreshers=[*syncs, *(spec.source for spec in src_specs if hasattr(spec.source, "refresh_source"))],
         delta=DeltaState() if o.delta else None,
+        seen=ModelsSeen.of(src, dst, signature),
         on_failure=forget_transport,
     )
 

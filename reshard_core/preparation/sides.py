@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..coordination.verdict import Problems
+from ..coordination.problems import Problems
 from ..errors import ReshardError
 from ..extract import ExtractContext
 from ..formats.base import CanonicalFormat, ModelFormat

@@ -5,8 +5,8 @@ both sides' layout table, plans the ranks and checks the plans (``check_plans``)
 applies plans to real tensors in one process (a reference executor for tests).
 """
 
-import importlib
 
+from ..lazy import lazy_exports
 from .parallel import Parallel, parse_parallel
 
 _LAZY = {  # imported on first use: they import torch, ``parallel`` does not
@@ -20,11 +20,7 @@ _LAZY = {  # imported on first use: they import torch, ``parallel`` does not
 }
 
 
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{module}", __name__), name)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 
 __all__ = [

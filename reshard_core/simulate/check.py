@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from math import prod
 
 from ..layout import take_intervals
-from ..plan.context import context_for
 from ..plan.ops import OpKind, RankPlan, TransferOp
+from ..plan.planner_context import context_for
 from ..plan.validate import Tied, validate_table
 
 _MAX_PROBLEMS = 20

@@ -17,8 +17,8 @@ from math import prod
 
 from ..catalogue.shapes import ModelShapes
 from ..exchange.contribute import payloads_from_table
-from ..plan.context import context_for
 from ..plan.ops import OpKind, RankPlan
+from ..plan.planner_context import context_for
 from ..plan.rank import plan_rank
 from ..plan.table import LayoutTable
 from .check import check_plans

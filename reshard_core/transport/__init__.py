@@ -11,6 +11,7 @@ from ..lazy import lazy_exports
 
 _EXPORTS = {
     "CopyService": "copy_service",
+    "Round": "copy_service",
     "P2PCopyService": "p2p",
     "QueuedOp": "p2p",
     "Issued": "p2p",

@@ -3,9 +3,23 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import torch
+
+
+class Round(Protocol):
+    """A started round of a ``CopyService`` (``start()``): ``wait()`` returns once every op of it
+    completed, or raises ``TransportError``."""
+
+    def wait(self) -> None: ...
+
+
+class _Done:
+    """The round of a transport that completes its ops inside ``start()`` (the default)."""
+
+    def wait(self) -> None:
+        pass
 
 
 class CopyService(ABC):
@@ -13,8 +27,11 @@ class CopyService(ABC):
 
     Usage per round: any number of ``submit_send`` / ``submit_recv`` calls, then one ``run()``
     that returns when every submitted op has completed (or raises ``TransportError`` naming the
-    peer that failed or timed out). Two-sided transports pair a rank's n-th send to a peer with
-    that peer's n-th receive from the rank (submission order); one-sided ones may use ``task_id``.
+    peer that failed or timed out). ``start()`` is the overlapping mode: it issues the round and
+    returns a ``Round`` to ``wait()`` on later, so the caller packs the next batch meanwhile. Its
+    default runs the round at once (a transport that can overlap overrides it). Two-sided
+    transports pair a rank's n-th send to a peer with that peer's n-th receive from the rank
+    (submission order); one-sided ones may use ``task_id``.
     Ranks are global ranks of the default world. ``close()`` releases resources; idempotent.
     """
 
@@ -54,6 +71,12 @@ class CopyService(ABC):
     @abstractmethod
     def run(self) -> None:
         """Execute every queued op and wait for completion; the queue is empty afterwards."""
+
+    def start(self) -> Round:
+        """Issue every queued op; the returned round's ``wait()`` returns once they completed.
+        Default: ``run()`` now, and a round that is already done."""
+        self.run()
+        return _Done()
 
     def close(self) -> None:  # noqa: B027 - a no-op default, not an abstract method
         """Release resources (buffers, streams). Safe to call more than once."""

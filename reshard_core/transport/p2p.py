@@ -39,7 +39,7 @@ import torch.distributed as dist
 from ..coordination import failures, watcher
 from ..coordination.refit_group import view_of
 from ..coordination.transfer_group import TransferGroup
-from ..errors import TransportError
+from ..errors import TransportError, first_line
 from .copy_service import CopyService
 
 _KEPT_ALIVE: list[Any] = []  # given-up rounds: their buffers must outlive any late write by the backend
@@ -85,7 +85,7 @@ def poll_until(done: Callable[[], bool], deadline: float) -> None:
 
 def describe_failure(exc: BaseException, timeout: float | None) -> str:
     """A one-line reason for a backend error, in our words where we recognise it."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = first_line(exc)
     low = text.lower()
     if "timed out" in low or isinstance(exc, TimeoutError):
         return f"timed out after {timeout:g} s" if timeout is not None else "timed out"

@@ -19,7 +19,7 @@ from ..entry_points import (
     disabled_names,
     entry_point_claims,
 )
-from ..errors import PluginError
+from ..errors import PluginError, one_line
 
 if TYPE_CHECKING:
     from .copy_service import CopyService
@@ -78,7 +78,7 @@ def _load(claim: EntryPointClaim) -> object:
             return [claim.entry_point]
 
     def failed(_manager: object, _ep: object, exc: BaseException) -> None:
-        message = " ".join(str(exc).split())
+        message = one_line(exc)
         raise PluginError(
             f"transport '{claim.entry_point.name}' ({claim.label()}) failed to load: "
             f"{type(exc).__name__}: {message}"

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from reshard_core import RefitOptions
-from reshard_core.exchange.options import option_digests
+from reshard_core.exchange.option_digests import option_digests
 from reshard_core.layout import Layout, Mesh, Replicate
-from reshard_core.plan.options import PlanOptions
+from reshard_core.plan.plan_options import PlanOptions
 from reshard_core.plan.rank import plan_rank
 from reshard_core.plan.table import TableBuilder
 from reshard_core.specs import TensorMeta

@@ -313,7 +313,7 @@ def test_a_transformed_tensor_is_verified_on_its_wire_bytes(world):
 
 def test_ranks_that_disagree_on_verify_are_told_before_any_data_moves():
     from reshard_core import RefitOptions
-    from reshard_core.exchange.options import check_options, option_digests
+    from reshard_core.exchange.option_digests import check_options, option_digests
 
     on, off = option_digests(RefitOptions(verify=True)), option_digests(RefitOptions())
     with pytest.raises(ReshardError) as info:

@@ -270,11 +270,11 @@ def test_a_model_without_a_parallel_description_is_named():
 
     with pytest.raises(FormatError) as info:
         _specs(declare_format(Engine(), "vllm"))
-    assert str(info.value).startswith(
-        f"format 'vllm': the model has no {PARALLEL_ATTR} attribute and vLLM's process groups are not "
-        "available ("
+    assert str(info.value) == (
+        f"format 'vllm': the model has no {PARALLEL_ATTR} attribute; declare it with "
+        "reshard_core.formats.declare_vllm(model, VLLMParallel(...)), or refit a vLLM engine through "
+        "reshard-vllm, which reads it from vLLM's process groups"
     )
-    assert str(info.value).endswith("); set it to a reshard_core.formats.vllm.VLLMParallel")
 
 
 def test_parallel_description_checks():

@@ -44,8 +44,10 @@ def _make_probe():
     """
 
     def probe(worker: Any, context: Any = None) -> dict[str, Any]:
+        from reshard_vllm.layout import parallel_from_vllm
+
         from reshard_core.extract import ExtractContext
-        from reshard_core.formats.vllm import PARALLEL_ATTR, VLLMFormat, parallel_from_vllm
+        from reshard_core.formats.vllm import PARALLEL_ATTR, VLLMFormat
 
         model = worker.model_runner.model
         mapped = VLLMFormat().logical_specs(model, "dst", context or ExtractContext.create())

@@ -60,14 +60,9 @@ class WireFloor:
             self.transport.submit_send(buf, peer, message_task_id(0, self.rank, peer))
         for peer, buf in self.recvs.items():
             self.transport.submit_recv(buf, peer, message_task_id(0, peer, self.rank))
-        start = getattr(self.transport, "start", None)
-        if not with_local or not callable(start):
-            self.transport.run()
-            if with_local:
-                self.local_dst.copy_(self.local_src)
-            return
-        flight = start()
-        self.local_dst.copy_(self.local_src)
+        flight = self.transport.start()
+        if with_local:  # while the round is on the wire
+            self.local_dst.copy_(self.local_src)
         flight.wait()
 
 

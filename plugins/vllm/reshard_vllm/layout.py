@@ -15,10 +15,11 @@ another way (a vLLM release with other rules) is refused by name instead of rece
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from reshard_core import FormatError
-from reshard_core.formats import VOCAB_PADDING, VLLMParallel, parallel_from_vllm
+from reshard_core.formats import VOCAB_PADDING, VLLMParallel
 
 
 def engine_parallel(model: Any, rank: int) -> VLLMParallel:
@@ -72,3 +73,36 @@ def _check(name: str, layer: Any, par: VLLMParallel, rank: int, config: Any) -> 
         if local != expected:
             out.append(f"{where} holds {local} experts, expected {expected}")
     return out
+
+
+def parallel_from_vllm(model: Any = None) -> VLLMParallel:
+    """The parallel description of a model built inside a vLLM worker, from vLLM's process groups.
+
+    Assumes vLLM's rank grid (TP fastest, then pipeline, then DP) with pipeline size 1, and that
+    vLLM's ranks are this process group's ranks. MoE options are read from ``model``'s first
+    ``FusedMoE`` layer (``moe_parallel_config.use_ep``, ``expert_placement_strategy``).
+    """
+    ps = sys.modules.get("vllm.distributed.parallel_state")  # a vLLM worker imported it; never import it
+    try:
+        if ps is None:
+            raise RuntimeError("this process is no vLLM worker")
+        pp_size = ps.get_pp_group().world_size
+    except Exception as exc:  # not imported, or imported without initialised groups
+        raise FormatError(
+            f"format 'vllm': vLLM's process groups are not available ({exc}); outside a vLLM worker, "
+            "declare the model's layout with reshard_core.formats.declare_vllm"
+        ) from exc
+    if pp_size > 1:
+        raise FormatError("format 'vllm': pipeline-parallel vLLM engines are not supported")
+    tp, dp = ps.get_tp_group(), ps.get_dp_group()
+    mine = tuple(int(r) for r in tp.ranks)
+    me = mine[tp.rank_in_group]
+    groups = tuple(tuple(r - me + int(peer) for r in mine) for peer in dp.ranks)
+    use_ep, placement = False, "linear"
+    for module in model.modules() if model is not None else ():
+        config = getattr(module, "moe_parallel_config", None)
+        if config is not None:
+            use_ep = bool(getattr(config, "use_ep", False))
+            placement = str(getattr(module, "expert_placement_strategy", "linear") or "linear")
+            break
+    return VLLMParallel(groups, use_ep, placement)

@@ -25,11 +25,13 @@ def register() -> None:
 
         raise MissingDependency("reshard_vllm", "vllm", INSTALL_VLLM) from exc
 
-    if BACKEND not in WeightTransferEngineFactory._registry:
+    from .vllm_private import registered
+
+    if not registered(WeightTransferEngineFactory, BACKEND):
         WeightTransferEngineFactory.register_engine(
             BACKEND, "reshard_vllm.engine", "ReshardWeightTransferEngine"
         )
-    if BACKEND not in WeightTransferTrainerFactory._registry:
+    if not registered(WeightTransferTrainerFactory, BACKEND):
         WeightTransferTrainerFactory.register_engine(
             BACKEND, "reshard_vllm.trainer", "ReshardTrainerWeightTransferEngine"
         )

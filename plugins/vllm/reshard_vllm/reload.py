@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from .vllm_private import layerwise_process, place_kernel_tensors
+
 
 class LayerwiseUpdate:
     """The reload state of one update of ``model`` (a vLLM model in a worker)."""
@@ -59,12 +61,10 @@ class LayerwiseUpdate:
 
     def commit(self) -> None:
         """Process every written layer into the model's live tensors, then finalize."""
-        from vllm.model_executor.model_loader.reload.layerwise import _layerwise_process
-
         try:
             for layer, info in self.layers:
                 _forget_cpu_moe_kernel(layer)
-                _layerwise_process(layer, info)
+                layerwise_process(layer, info)
         finally:
             self._finalize()
 
@@ -74,13 +74,12 @@ class LayerwiseUpdate:
 
     def _finalize(self, restore: list[tuple[torch.nn.Module, Any]] | None = None) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
-        from vllm.model_executor.model_loader.reload.layerwise import _place_kernel_tensors
 
         if self.open_:
             self.open_ = False
             # finalize would do the same for these, warning "Failed to load weights" for each layer
             for layer, info in [*self.constant, *(restore or [])]:
-                _place_kernel_tensors(layer, info)
+                place_kernel_tensors(layer, info)
                 info.reset()
             finalize_layerwise_reload(self.model, self.model_config)
 

@@ -27,6 +27,7 @@ from reshard_core import MissingDependency, ReshardError
 
 from .plugin import INSTALL_VLLM
 from .verdict import SUPERSEDED_KEY, Verdict, agree, failed, ok
+from .vllm_private import wrapped_module
 
 try:
     from vllm.distributed.weight_transfer.base import TrainerInitInfo, TrainerWeightTransferEngine
@@ -229,7 +230,7 @@ def model_of(source: Any) -> Any:
     """The model behind ``source``: a module (or list of pipeline chunks), or vLLM's ``ModuleSource``."""
     if source is None:
         raise ReshardError("reshard: trainer_init needs source= (the trainer's model or a ModuleSource)")
-    model = getattr(source, "_module", source)  # vLLM's ModuleSource keeps its module there
+    model = wrapped_module(source)
     modules = model if isinstance(model, (list, tuple)) else [model]
     import torch
 

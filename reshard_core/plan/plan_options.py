@@ -1,6 +1,6 @@
 """``PlanOptions``: the caller's choices that shape a rank's plan.
 
-Every rank of a refit must pass the same ones (``exchange.options`` checks that before planning):
+Every rank of a refit must pass the same ones (``exchange.option_digests`` checks that before planning):
 a plan is a pure function of the layout table, the rank and these options. ``RefitOptions``
 extends them with the choices that shape the execution, so a refit's options reach the planner
 whole.
