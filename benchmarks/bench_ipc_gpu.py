@@ -3,8 +3,9 @@ sharing a device) against a device memcpy of the same bytes, in one run. Needs C
 
     python benchmarks/bench_ipc_gpu.py [--mib 512] [--reps 5]
 
-Prints GB/s of the warm refit (bytes that crossed between the two processes over the slowest rank's
-time) and of ``torch.Tensor.copy_`` on the device, and their ratio.
+Prints, with CUDA IPC handles and staged through the host ring, the GB/s of the warm refit (bytes
+that crossed between the two processes over the slowest rank's time) and of ``torch.Tensor.copy_``
+on the device, and their ratio.
 """
 
 from __future__ import annotations
@@ -62,12 +63,13 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_ipc_gpu: needs a CUDA GPU")
-    out = run_world(_rank, 2, args.mib, args.reps, timeout=900)[0]
-    refit_gbs = out["bytes"] / out["refit_s"] / 1e9
-    memcpy_gbs = (args.mib << 20) / out["memcpy_s"] / 1e9
-    print(f"colocated refit over ipc: {out['refit_s'] * 1e3:.1f} ms, {refit_gbs:.2f} GB/s across processes")
-    print(f"device memcpy of {args.mib} MiB: {out['memcpy_s'] * 1e3:.1f} ms, {memcpy_gbs:.1f} GB/s")
-    print(f"refit / memcpy bandwidth: {refit_gbs / memcpy_gbs:.3f}")
+    for mode, flag in (("CUDA IPC handles", "1"), ("staged through the host ring", "0")):
+        out = run_world(_rank, 2, args.mib, args.reps, timeout=900, env={"RESHARD_IPC_CUDA": flag})[0]
+        refit_gbs = out["bytes"] / out["refit_s"] / 1e9
+        memcpy_gbs = (args.mib << 20) / out["memcpy_s"] / 1e9
+        print(f"colocated refit over ipc, {mode}: {out['refit_s'] * 1e3:.1f} ms, {refit_gbs:.2f} GB/s "
+              f"across processes; device memcpy of {args.mib} MiB: {memcpy_gbs:.1f} GB/s; "
+              f"ratio {refit_gbs / memcpy_gbs:.3f}")  # fmt: skip
 
 
 if __name__ == "__main__":

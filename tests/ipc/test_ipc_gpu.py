@@ -1,7 +1,7 @@
 """``ipc`` with CUDA tensors (needs CUDA): the conformance kit with two processes on one GPU (the
 colocated case: a trainer rank and an engine worker per GPU) and, where two GPUs are present, on
-two GPUs of one node; a colocated refit of a CUDA model, bit-exact. CUDA tensors are staged through
-the host segments (CUDA IPC handles are not used yet)."""
+two GPUs of one node; a colocated refit of a CUDA model, bit-exact, with CUDA IPC handles and with
+CUDA tensors staged through the host ring (``RESHARD_IPC_CUDA=0``)."""
 
 from __future__ import annotations
 
@@ -34,11 +34,12 @@ def test_two_gpus_of_one_node_conform(check):
     assert run_conformance(IpcCopyService, world_size=2, device="cuda")[check] == "ok"
 
 
-def _colocated_refit(rank: int, world: int) -> bool:
+def _colocated_refit(rank: int, world: int, cuda_ipc: str) -> bool:
     from torch import nn
 
     import reshard_core
 
+    os.environ["RESHARD_IPC_CUDA"] = cuda_ipc
     torch.cuda.set_device(0)  # both ranks on one GPU: a colocated trainer rank and engine worker
     full = torch.arange(4096 * 1024, dtype=torch.float32, device="cuda").reshape(4096, 1024).bfloat16()
     src, dst = nn.Module(), nn.Module()
@@ -51,5 +52,6 @@ def _colocated_refit(rank: int, world: int) -> bool:
     return torch.equal(dst.w.detach(), full.chunk(2, dim=1)[rank])
 
 
-def test_a_colocated_refit_on_one_gpu_is_exact():
-    assert run_world(_colocated_refit, 2, timeout=300) == [True, True]
+@pytest.mark.parametrize("cuda_ipc", ["1", "0"], ids=["cuda-ipc", "staged"])
+def test_a_colocated_refit_on_one_gpu_is_exact(cuda_ipc):
+    assert run_world(_colocated_refit, 2, cuda_ipc, timeout=300) == [True, True]

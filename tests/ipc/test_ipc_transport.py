@@ -139,6 +139,55 @@ def test_a_refit_over_ipc_across_two_reported_hosts_is_exact():
         assert out["routes"]["ipc"] == [rank ^ 1], (rank, out)
 
 
+def _handover_world(rank: int, world: int) -> dict:
+    """The handle protocol of CUDA IPC (a handle in one slot, the receiver's copy acknowledged by
+    ``consumed``) with a CPU stand-in for the handle: the pickled bytes themselves. Every third send
+    goes as a handle, the others through the ring, in one stream per pair."""
+    import pickle
+
+    from reshard_ipc import cuda_ipc
+    from reshard_ipc import transport as ipc_transport
+    from reshard_ipc.pump import Transfer
+
+    from reshard_core.transport import as_bytes
+
+    def export(data, gpus):  # stand-in for CUDA IPC: the handle carries the bytes
+        return pickle.dumps(data.clone())
+
+    def copy_out(blob, target, gpus):
+        data = pickle.loads(blob)
+        if data.numel() == target.numel():
+            target.copy_(data)
+        return data.numel()
+
+    cuda_ipc.export, cuda_ipc.copy_out = export, copy_out
+    plain = ipc_transport.IpcCopyService._transfer
+    sends = [0]
+
+    def transfer(self, op):
+        sends[0] += op.kind == "send"
+        if op.kind == "send" and sends[0] % 3 == 1:
+            op.wire = as_bytes(op.tensor)
+            return Transfer("send", op.wire, op.peer, op.task_id, handle=export(op.wire, []))
+        return plain(self, op)
+
+    ipc_transport.IpcCopyService._transfer = transfer
+    service = IpcCopyService(timeout=30, options=SMALL)
+    peer = 1 - rank
+    got = []
+    for k in range(7):
+        service.submit_send(_payload(rank, 10 * k, 5000 + 997 * k), peer, k)
+        got.append(torch.zeros_like(_payload(peer, 10 * k, 5000 + 997 * k)))
+        service.submit_recv(got[-1], peer, k)
+        service.run()
+    service.close()
+    return [torch.equal(g, _payload(peer, 10 * k, 5000 + 997 * k)) for k, g in enumerate(got)]
+
+
+def test_handed_over_messages_land_in_order_with_ring_messages_between_them():
+    assert run_world(_handover_world, 2, timeout=60) == [[True] * 7, [True] * 7]
+
+
 def _disagree_world(rank: int, world: int) -> str:
     service = IpcCopyService(timeout=10, options=SMALL)
     if rank == 0:

@@ -7,7 +7,10 @@ Layout (from the channel's offset): a 4096-byte header of int64 words, then ``sl
 - word 8, ``consumed``: chunks the receiver has copied out (receiver);
 - word 16, the sender's state and word 24 the receiver's (``OPEN``, ``GAVE_UP``, ``CLOSED``): a side
   that stops mid-stream says so, and the other fails at once instead of waiting out its timeout;
-- words 32 + 2i and 33 + 2i: the length and task id (its low 63 bits) of the chunk in slot i.
+- words 32 + 2i and 33 + 2i: the length and task id (its low 63 bits) of the chunk in slot i; a
+  negative length marks a handle (``cuda_ipc``) of ``-length`` bytes instead of data: the receiver
+  copies the whole message from the sender's GPU memory, and ``consumed`` passing the handle's slot
+  tells the sender the copy is done.
 
 The sender writes a chunk, its length and task, then bumps ``published``; the receiver reads
 ``published``, copies the chunk out, then bumps ``consumed``. Separate cache lines keep the two
@@ -61,6 +64,21 @@ class Channel:
         self.count += 1
         self._set(_PUBLISHED, self.count)
 
+    def put_handle(self, blob: bytes, task: int) -> int:
+        """Publish a CUDA IPC handle in the next slot; returns the count ``consumed`` must reach
+        before the sender's memory may be reused."""
+        slot = self.count % self.slots
+        self._slot[slot][: len(blob)].copy_(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
+        self._set(_SLOTS + 2 * slot, -len(blob))
+        self._set(_SLOTS + 2 * slot + 1, task & TASK_MASK)
+        self.count += 1
+        self._set(_PUBLISHED, self.count)
+        return self.count
+
+    def consumed(self) -> int:
+        """Chunks the receiver has copied out."""
+        return self._word(_CONSUMED)
+
     # -- receiver ---------------------------------------------------------------------------------
 
     def ready(self) -> int:
@@ -71,6 +89,15 @@ class Channel:
         """``(length, task)`` of the next chunk to copy out."""
         slot = self.count % self.slots
         return self._word(_SLOTS + 2 * slot), self._word(_SLOTS + 2 * slot + 1)
+
+    def read_handle(self, size: int) -> bytes:
+        """The handle in the next slot (``size`` bytes); ``skip()`` once its copy is done."""
+        return bytes(self._slot[self.count % self.slots][:size].numpy().tobytes())
+
+    def skip(self) -> None:
+        """Free the next slot without copying it out (a handle whose copy is done)."""
+        self.count += 1
+        self._set(_CONSUMED, self.count)
 
     def take(self, out: torch.Tensor) -> None:
         """Copy the next chunk into ``out`` (flat uint8 of the chunk's length) and free its slot."""

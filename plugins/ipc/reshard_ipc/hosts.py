@@ -3,7 +3,8 @@
 Three rounds through the store (``P2PCopyService.share``), no collective:
 
 1. every rank says who it is: its host identity (hostname, kernel boot id and the ``host`` label of
-   ``IpcOptions``), pid and pid namespace. Ranks with the same identity are candidates;
+   ``IpcOptions``), pid, pid namespace and the GPUs it sees (UUIDs, for CUDA IPC). Ranks with the
+   same identity are candidates;
 2. every rank with candidates creates its segment (a channel per candidate) and publishes its name
    and a random nonce;
 3. every rank maps each candidate's segment, checks the nonce, and says which it could map. A pair
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .channel import HEADER_BYTES, Channel
+from .cuda_ipc import visible_gpus
 from .options import IpcOptions
 from .segment import Segment
 
@@ -38,6 +40,8 @@ class Peer:
     out: Channel
     inbound: Channel
     pid: int | None
+    gpus: tuple[str, ...] = ()
+    """The GPUs the peer sees (UUIDs): where a CUDA send to it can be handed over as a handle."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,8 @@ class Link:
     peers: dict[int, Peer]
     segments: tuple[Segment, ...]
     refused: dict[int, str]
+    gpus: tuple[str, ...] = ()
+    """The GPUs this process sees, by device index (UUIDs)."""
 
 
 def identity(options: IpcOptions) -> str:
@@ -69,7 +75,8 @@ def _pid_namespace() -> str:
 def connect(service: Any, serial: int, options: IpcOptions) -> Link:
     """Set up the shared-memory links of ``service`` (an ``IpcCopyService``); collective over its
     group's members, through its store. ``serial`` tells this transport apart from earlier ones."""
-    me = {"host": identity(options), "pid": os.getpid(), "pidns": _pid_namespace()}
+    gpus = visible_gpus() if options.cuda_ipc else []
+    me = {"host": identity(options), "pid": os.getpid(), "pidns": _pid_namespace(), "gpus": gpus}
     who = {r: json.loads(v) for r, v in service.share(f"ipc/{serial}/who", json.dumps(me).encode()).items()}
     candidates = sorted(r for r, w in who.items() if r != service.rank and w["host"] == me["host"])
 
@@ -126,12 +133,13 @@ def connect(service: Any, serial: int, options: IpcOptions) -> Link:
             ),
             Channel(mapped[rank], _offset(theirs, options), options.slots, options.slot_bytes, sending=False),
             who[rank]["pid"] if same_ns else None,
+            tuple(who[rank]["gpus"]),
         )
     if own is not None and not peers:  # no candidate could use it
         own.close()
         own = None
     segments = ((own,) if own is not None else ()) + tuple(mapped.values())
-    return Link(peers, segments, refused)
+    return Link(peers, segments, refused, tuple(gpus))
 
 
 def _offset(index: int, options: IpcOptions) -> int:

@@ -14,6 +14,7 @@ ENV_FALLBACK = "RESHARD_IPC_FALLBACK"
 ENV_SLOT_BYTES = "RESHARD_IPC_SLOT_BYTES"
 ENV_SLOTS = "RESHARD_IPC_SLOTS"
 ENV_HOST = "RESHARD_IPC_HOST"
+ENV_CUDA = "RESHARD_IPC_CUDA"
 
 MIB = 1 << 20
 
@@ -25,12 +26,14 @@ class IpcOptions:
     ``slots`` chunks of ``slot_bytes``; a message of any size streams through it, so shared memory
     is ``peers × slots × slot_bytes`` per rank whatever the model. ``host``: a label added to this
     rank's host identity; ranks with different labels never share memory (to split one machine
-    into several "hosts", e.g. to test the mixed case)."""
+    into several "hosts", e.g. to test the mixed case). ``cuda_ipc``: hand a CUDA send over as a
+    CUDA IPC handle where the peer sees the sender's GPU (False: stage it through the ring)."""
 
     fallback: str = "gloo"
     slot_bytes: int = 4 * MIB
     slots: int = 4
     host: str = ""
+    cuda_ipc: bool = True
 
     def __post_init__(self) -> None:
         if self.slot_bytes < 4096 or self.slot_bytes % 4096:
@@ -48,11 +51,12 @@ class IpcOptions:
     @classmethod
     def from_env(cls) -> IpcOptions:
         """Defaults, overridden by ``RESHARD_IPC_FALLBACK``, ``RESHARD_IPC_SLOT_BYTES``,
-        ``RESHARD_IPC_SLOTS`` and ``RESHARD_IPC_HOST`` where set."""
+        ``RESHARD_IPC_SLOTS``, ``RESHARD_IPC_HOST`` and ``RESHARD_IPC_CUDA`` (0 or 1) where set."""
         env = os.environ
         return cls(
             fallback=env.get(ENV_FALLBACK, cls.fallback),
             slot_bytes=int(env.get(ENV_SLOT_BYTES, cls.slot_bytes)),
             slots=int(env.get(ENV_SLOTS, cls.slots)),
             host=env.get(ENV_HOST, cls.host),
+            cuda_ipc=env.get(ENV_CUDA, "1").strip() not in ("0", "false", "no", "off"),
         )

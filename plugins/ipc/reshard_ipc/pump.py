@@ -17,7 +17,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -33,13 +35,20 @@ LIVENESS_SECONDS = 0.2
 
 @dataclass(eq=False)
 class Transfer:
-    """One posted send or receive of ``data`` (flat uint8) with ``peer``."""
+    """One posted send or receive of ``data`` (flat uint8, host bytes the ring carries) with
+    ``peer``. A send with a ``handle`` hands the sender's GPU memory over instead (``cuda_ipc``);
+    a receive lands such a handle's bytes straight in ``target`` (the op's own bytes, on its device)
+    and calls ``landed`` (nothing is left to copy from ``data``)."""
 
     kind: str
     data: torch.Tensor
     peer: int
     task: int
+    handle: bytes | None = None
+    target: torch.Tensor | None = None
+    landed: Callable[[], None] | None = None
     moved: int = 0
+    ack_at: int = 0
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -51,9 +60,10 @@ class Transfer:
 class Pump:
     """Moves the transfers of ``peers`` (by rank) on a daemon thread until ``close()``."""
 
-    def __init__(self, rank: int, peers: dict[int, Peer]) -> None:
+    def __init__(self, rank: int, peers: dict[int, Peer], gpus: list[str] | None = None) -> None:
         self.rank = rank
         self.peers = peers
+        self.gpus = gpus or []  # this process's GPUs by index (``cuda_ipc.visible_gpus``)
         self._queues: dict[tuple[int, str], deque[Transfer]] = {
             (p, kind): deque() for p in peers for kind in ("send", "recv")
         }
@@ -141,7 +151,9 @@ class Pump:
             if transfer.done.is_set():
                 return moved
             size = transfer.data.numel()
-            if kind == "send":
+            if kind == "send" and transfer.handle is not None:
+                moved |= self._hand_over(peer.out, transfer)
+            elif kind == "send":
                 channel = peer.out
                 while transfer.moved < size and channel.free() > 0:
                     n = min(channel.slot_bytes, size - transfer.moved)
@@ -153,6 +165,10 @@ class Pump:
                 while transfer.moved < size and channel.ready() > 0:
                     n = min(channel.slot_bytes, size - transfer.moved)
                     length, task = channel.head()
+                    if length < 0 and transfer.moved == 0:  # a handle: the whole message at once
+                        self._take_over(peer, channel, -length, transfer)
+                        moved = True
+                        continue
                     if length != n:
                         raise TransportError(
                             f"rank {peer.rank} sent a chunk of {length} bytes (task {task}) where this rank "
@@ -173,6 +189,36 @@ class Pump:
                 if not queue:
                     return moved
                 transfer = queue[0]
+
+    @staticmethod
+    def _hand_over(channel: Any, transfer: Transfer) -> bool:
+        """Publish ``transfer``'s handle once; it is done when the receiver consumed it."""
+        moved = False
+        if not transfer.ack_at:
+            if channel.free() == 0:
+                return False
+            transfer.ack_at = channel.put_handle(transfer.handle, transfer.task)
+            moved = True
+        if channel.consumed() >= transfer.ack_at:
+            transfer.moved = transfer.data.numel()
+            moved = True
+        return moved
+
+    def _take_over(self, peer: Peer, channel: Any, length: int, transfer: Transfer) -> None:
+        """Copy a whole message out of the sender's GPU memory into ``transfer.target``."""
+        from .cuda_ipc import copy_out
+
+        size = transfer.data.numel()
+        got = copy_out(channel.read_handle(length), transfer.target, self.gpus)
+        if got != size:
+            raise TransportError(
+                f"rank {peer.rank} handed over a message of {got} bytes where this rank expects {size} "
+                f"bytes of task {transfer.task & TASK_MASK}: the two ranks' messages disagree"
+            )
+        channel.skip()
+        transfer.moved = size
+        if transfer.landed is not None:
+            transfer.landed()
 
     def _check_peers(self, ranks: set[int]) -> None:
         """Break the pipes of peers that stopped (said so, or whose process is gone)."""

@@ -11,8 +11,10 @@ naming the op; a peer that said it gave up or closed, or whose process is gone, 
 once with that reason; a peer's published error ends the wait early (``reads_failure_board``).
 Giving up on a round tells the shared-memory peers, whose waits then fail at once.
 
-CUDA tensors move between ranks of one host through the same host segments (copied to and from the
-device chunk by chunk); CUDA IPC handles are not used yet.
+A CUDA send to a peer that sees the sender's GPU is handed over as a CUDA IPC handle to the sender's
+own memory (``cuda_ipc``): the receiver copies it out in one device copy, and the send completes once
+it did. Other CUDA tensors are staged through the host segments (a device-to-host copy on send, one
+host-to-device copy on receive).
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ class IpcCopyService(P2PCopyService):
         """Peers reached through shared memory; every other member goes through ``fallback``."""
         self.refused = dict(self.link.refused)
         """Peers reporting this host that could not share memory with this rank, and why."""
-        self._pump = Pump(self.rank, self.link.peers) if self.link.peers else None
+        self._pump = Pump(self.rank, self.link.peers, list(self.link.gpus)) if self.link.peers else None
 
     def _resolve_group(self, group: dist.ProcessGroup | None) -> tuple[dist.ProcessGroup | None, bool]:
         return group, False  # set-up goes through the store and remote pairs through the fallback
@@ -99,17 +101,32 @@ class IpcCopyService(P2PCopyService):
             issued.append(Issued(_Remote(self.fallback.start()), remote))
         near = [op for op in ops if op.peer in self.near]
         if near:
-            transfers = [Transfer(op.kind, _host_side(op), op.peer, op.task_id) for op in near]
+            transfers = [self._transfer(op) for op in near]
             self._pump.post(transfers)
             issued.append(Issued(_Near(transfers, near), near))
         return issued
+
+    def _transfer(self, op: QueuedOp) -> Transfer:
+        """What the pump moves for ``op``: a CUDA IPC handle for a CUDA send whose peer sees its GPU;
+        else the host bytes the ring carries (a receive may still land a handle in place)."""
+        data = as_bytes(op.tensor)
+        gpus = self.link.gpus
+        seen = self.link.peers[op.peer].gpus
+        if op.kind == "send" and data.is_cuda and gpus and gpus[data.device.index] in seen:
+            from .cuda_ipc import export
+
+            op.wire = data
+            return Transfer("send", data, op.peer, op.task_id, handle=export(data, list(gpus)))
+        host = _host_side(op)
+        landed = (lambda: setattr(op, "wire", None)) if op.kind == "recv" else None
+        return Transfer(op.kind, host, op.peer, op.task_id, target=data, landed=landed)
 
     def _wait_issued(self, issued: Issued, deadline: float | None) -> None:
         issued.work.wait(deadline)
 
     def _finish(self, ops: list[QueuedOp]) -> None:
-        for op in ops:
-            if op.kind == "recv" and op.wire is not None and op.wire is not op.tensor:
+        for op in ops:  # a CUDA receive staged through the ring: its host bytes go to the device
+            if op.kind == "recv" and op.peer in self.near and op.wire is not None and op.tensor.is_cuda:
                 as_bytes(op.tensor).copy_(op.wire)
 
     def _give_up(self, flight: InFlight, failed_index: int) -> None:
