@@ -9,6 +9,7 @@ models (``fingerprints``), and one flag in the start round makes every rank rais
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,6 +89,11 @@ class Session:
             with failures.raised_alike():  # a rank whose models changed still joins, with its error
                 start_together(error, o.group, o.timeout)
             return self.report(self.run(cast, version), reused=True, total=time.perf_counter() - start)
+
+    @property
+    def models(self) -> tuple[weakref.ref, ...]:
+        """The source then destination modules it was prepared for (weakly held)."""
+        return self.seen.models if self.seen is not None else ()
 
     def built_for(self, src: Any, dst: Any, signature: tuple) -> bool:
         """True when ``src``/``dst`` are the very objects this session was built for, unchanged."""

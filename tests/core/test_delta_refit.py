@@ -98,7 +98,7 @@ def _wrong(rank: int, dst: nn.Module | None, step: int) -> list[str]:
 def _world(rank: int, world: int) -> dict:
     import reshard_core
     from reshard_core.errors import ReshardError
-    from reshard_core.exchange import failures
+    from reshard_core.coordination import failures
 
     out: dict = {"refit": [], "session": [], "verify": []}
     src, dst = _module(rank, SRC, 0), _module(rank, DST, None)

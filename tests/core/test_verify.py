@@ -184,7 +184,7 @@ def _counts(report) -> dict:
 def _caught(call) -> str | None:
     """Run a refit; return its ``ReshardError`` text, or None. After an error this rank's failure
     record is taken down and every rank meets, so the next refit starts clean."""
-    from reshard_core.exchange import failures
+    from reshard_core.coordination import failures
 
     try:
         call()
