@@ -238,46 +238,61 @@ def _launch(ctx: ExecContext, batch: Batch, schedule: Schedule, transport: CopyS
     its own round, started as soon as it is ready (receives land as they arrive, each send goes
     while the next is packed); otherwise the batch is one round."""
     flight = Flight(Prepared(batch, [], []))
-    start = transport.start
-    split = transport.independent_rounds
     with ctx.stats.timed("pack"):
         for name in schedule.firsts.get(batch.index, ()):
             ctx.meter.hold(ctx.transforms[name].transient_bytes(name))
     rank, index = ctx.plan.rank, batch.index
     for peer, seq, ops in schedule.receives[index]:
-        with ctx.stats.timed("pack"):
-            incoming = ctx.delta.incoming((index, peer, seq), ops) if ctx.delta is not None else None
-            if incoming is None:
-                incoming = build_incoming(ctx, peer, ops)
-        if incoming is None:
-            continue
-        if ctx.verify is not None:
-            ctx.verify.expect(peer, ops, incoming)
-        with ctx.stats.timed("transfer"):
-            transport.submit_recv(incoming.message, peer, message_task_id(index, peer, rank, seq))
-            ctx.stats.bytes_received += incoming.message.nbytes
-            ctx.stats.messages_received += 1
-            flight.prepared.incoming.append(incoming)
-            if split:
-                flight.waits.append(([incoming], start().wait))
+        incoming = _incoming(ctx, (index, peer, seq), ops)
+        if incoming is not None:
+            _post(ctx, flight, transport, incoming, message_task_id(index, peer, rank, seq))
     for peer, seq, ops in schedule.sends[index]:
-        with ctx.stats.timed("pack"):
-            outgoing = ctx.delta.outgoing((index, peer, seq)) if ctx.delta is not None else None
-            if outgoing is None:
-                outgoing = build_outgoing(ctx, peer, ops)
-        if outgoing is None:
-            continue
+        outgoing = _outgoing(ctx, (index, peer, seq), ops)
+        if outgoing is not None:
+            _post(ctx, flight, transport, outgoing, message_task_id(index, rank, peer, seq))
+    messages = [*flight.prepared.incoming, *flight.prepared.outgoing]
+    if not transport.independent_rounds and messages:
         with ctx.stats.timed("transfer"):
-            transport.submit_send(outgoing.message, peer, message_task_id(index, rank, peer, seq))
-            ctx.stats.bytes_sent += outgoing.message.nbytes
-            ctx.stats.messages_sent += 1
-            flight.prepared.outgoing.append(outgoing)
-            if split:
-                flight.waits.append(([outgoing], start().wait))
-    with ctx.stats.timed("transfer"):
-        if not split and (flight.prepared.incoming or flight.prepared.outgoing):
-            flight.waits.append(([*flight.prepared.incoming, *flight.prepared.outgoing], start().wait))
+            flight.waits.append((messages, transport.start().wait))
     return flight
+
+
+def _incoming(ctx: ExecContext, key: tuple[int, int, int], ops: list) -> Incoming | None:
+    """The receive of message ``key`` (batch, peer, seq): delta's encoded one, else the plain one."""
+    with ctx.stats.timed("pack"):
+        incoming = ctx.delta.incoming(key, ops) if ctx.delta is not None else None
+        if incoming is None:
+            incoming = build_incoming(ctx, key[1], ops)
+    if incoming is not None and ctx.verify is not None:
+        ctx.verify.expect(key[1], ops, incoming)
+    return incoming
+
+
+def _outgoing(ctx: ExecContext, key: tuple[int, int, int], ops: list) -> Outgoing | None:
+    """The send of message ``key`` (batch, peer, seq), packed: delta's encoded one, else the plain one."""
+    with ctx.stats.timed("pack"):
+        outgoing = ctx.delta.outgoing(key) if ctx.delta is not None else None
+        return outgoing if outgoing is not None else build_outgoing(ctx, key[1], ops)
+
+
+def _post(
+    ctx: ExecContext, flight: Flight, transport: CopyService, message: Incoming | Outgoing, task: int
+) -> None:
+    """Submit one message and count it; on a transport with ``independent_rounds`` it is a round of
+    its own, started now."""
+    with ctx.stats.timed("transfer"):
+        if isinstance(message, Incoming):
+            transport.submit_recv(message.message, message.peer, task)
+            ctx.stats.bytes_received += message.message.nbytes
+            ctx.stats.messages_received += 1
+            flight.prepared.incoming.append(message)
+        else:
+            transport.submit_send(message.message, message.peer, task)
+            ctx.stats.bytes_sent += message.message.nbytes
+            ctx.stats.messages_sent += 1
+            flight.prepared.outgoing.append(message)
+        if transport.independent_rounds:
+            flight.waits.append(([message], transport.start().wait))
 
 
 def _retire(ctx: ExecContext, flight: Flight, finals: Mapping[int, list[str]]) -> None:

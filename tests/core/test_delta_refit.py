@@ -97,8 +97,8 @@ def _wrong(rank: int, dst: nn.Module | None, step: int) -> list[str]:
 
 def _world(rank: int, world: int) -> dict:
     import reshard_core
-    from reshard_core.errors import ReshardError
     from reshard_core.coordination import failures
+    from reshard_core.errors import ReshardError
 
     out: dict = {"refit": [], "session": [], "verify": []}
     src, dst = _module(rank, SRC, 0), _module(rank, DST, None)
