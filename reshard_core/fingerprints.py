@@ -101,23 +101,6 @@ def children(module: torch.nn.Module | None) -> tuple | None:
     return tuple(c if c is None else weakref.ref(c) for c in module._modules.values())
 
 
-def changed(
-    refs: tuple[weakref.ref, ...], structure: list[tuple[weakref.ref, tuple]], watched: list[Watched]
-) -> str | None:
-    """Why models no longer match what was recorded of them (``refs``: the models; ``structure``:
-    each module with its ``children``; ``watched``: as ``watch``), or None when they do."""
-    if any(ref() is None for ref in refs):
-        return "a model it was prepared for was garbage collected"
-    for module, held in structure:
-        if children(module()) != held:
-            return "a submodule was replaced, added or removed"
-    for owner, kind, key, print_ in watched:
-        tensor = getattr(owner(), kind, {}).get(key)
-        if tensor is None or fingerprint(tensor) != print_:
-            return "a tensor was replaced, reshaped, moved or re-laid out"
-    return None
-
-
 @dataclass(frozen=True)
 class ModelsSeen:
     """What a session was prepared for, taken once when it is built: the source then destination
@@ -149,5 +132,14 @@ class ModelsSeen:
         return all(ref() is m for ref, m in zip(self.models, found, strict=True))
 
     def change(self) -> str | None:
-        """Why the models no longer match what was seen (``changed``), or None."""
-        return changed(self.models, list(self.structure), list(self.watched))
+        """Why the models no longer match what was seen, or None when they still do."""
+        if any(ref() is None for ref in self.models):
+            return "a model it was prepared for was garbage collected"
+        for module, held in self.structure:
+            if children(module()) != held:
+                return "a submodule was replaced, added or removed"
+        for owner, kind, key, print_ in self.watched:
+            tensor = getattr(owner(), kind, {}).get(key)
+            if tensor is None or fingerprint(tensor) != print_:
+                return "a tensor was replaced, reshaped, moved or re-laid out"
+        return None

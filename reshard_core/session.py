@@ -47,6 +47,8 @@ class Session:
     seconds: dict[str, float]
     options: RefitOptions
     """The options it was prepared with (``cast``, ``verify`` and ``group`` shape every execution)."""
+    seen: fingerprints.ModelsSeen
+    """The models it was prepared for, as they were then (``fingerprints.ModelsSeen``)."""
     pool: StagingPool = field(default_factory=StagingPool)
     memo: ExecMemo = field(default_factory=ExecMemo)
     """Reused by every execution of this session (its tensors are fixed; a change rebuilds it)."""
@@ -54,8 +56,6 @@ class Session:
     """Objects with a ``refresh_source()`` method, called before every execution so no source is
     stale: finishers of Megatron's deferred parameter all-gathers (``extract.freshness``), then
     source specs derived from live data (e.g. a dequantized copy of a quantized param)."""
-    seen: fingerprints.ModelsSeen | None = None
-    """The models it was prepared for, as they were then (``fingerprints.ModelsSeen``)."""
     delta: DeltaState | None = None
     """Prepared with ``delta=True``: the snapshots and confirmations its delta executions keep."""
     on_failure: Callable[[CopyService], None] | None = None
@@ -79,7 +79,7 @@ class Session:
         o = self.options
         with failures.watched(o.group):
             self.refresh()  # first: Megatron's all-gathers are collective even where a model changed
-            problem = self.seen.change() if self.seen is not None else None
+            problem = self.seen.change()
             error = None
             if problem is not None:
                 error = ReshardError(
@@ -93,16 +93,15 @@ class Session:
     @property
     def models(self) -> tuple[weakref.ref, ...]:
         """The source then destination modules it was prepared for (weakly held)."""
-        return self.seen.models if self.seen is not None else ()
+        return self.seen.models
 
     def built_for(self, src: Any, dst: Any, signature: tuple) -> bool:
         """True when ``src``/``dst`` are the very objects this session was built for, unchanged."""
-        return self.seen is not None and self.seen.same_objects(src, dst, signature)
+        return self.seen.same_objects(src, dst, signature)
 
     def run(self, cast: bool, version: Any) -> ExecStats:
         """Refresh the sources, execute, and record ``version`` on the destinations once it landed."""
-        refs = self.seen.destinations if self.seen is not None else ()
-        destinations = [m for m in (ref() for ref in refs) if m is not None]
+        destinations = [m for m in (ref() for ref in self.seen.destinations) if m is not None]
         versions.begin(destinations)
         self.refresh()
         stats = self._execute(cast or self.options.cast)

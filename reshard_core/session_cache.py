@@ -69,8 +69,8 @@ def remember(key: tuple, session: Session) -> None:
     is collected (or the transfer group it runs over closes)."""
     _drop(key)
     _follow_group(session.options.group)
-    models = [ref() for ref in session.seen.models] if session.seen is not None else []
-    finalizers = [weakref.finalize(m, _sessions.pop, key, None) for m in models if m is not None]
+    models = [m for m in (ref() for ref in session.seen.models) if m is not None]
+    finalizers = [weakref.finalize(m, _sessions.pop, key, None) for m in models]
     _sessions[key] = _Cached(session, finalizers)
 
 

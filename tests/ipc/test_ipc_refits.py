@@ -42,12 +42,23 @@ def test_the_environment_names_the_default_transport(monkeypatch):
     assert RefitOptions(transport="gloo").transport == "gloo"
 
 
-def test_the_gloo_refit_tests_pass_over_ipc():
-    env = {**os.environ, "RESHARD_TRANSPORT": "ipc"}
+def _pytest(files: tuple[str, ...], **env: str) -> tuple[int, str]:
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *FILES],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200,
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *files],
+        cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=1200,
     )  # fmt: skip
-    tail = "\n".join(done.stdout.splitlines()[-30:])
-    assert done.returncode == 0, tail
+    return done.returncode, done.stdout
+
+
+def test_the_gloo_refit_tests_pass_over_ipc():
+    code, out = _pytest(FILES, RESHARD_TRANSPORT="ipc")
+    tail = "\n".join(out.splitlines()[-30:])
+    assert code == 0, tail
     assert " passed" in tail and "failed" not in tail and "error" not in tail, tail
+
+
+def test_those_refits_do_go_through_ipc():
+    """With the ipc transport misconfigured, the same tests fail on it: the run above used it."""
+    code, out = _pytest(FILES[:1], RESHARD_TRANSPORT="ipc", RESHARD_IPC_SLOTS="0")
+    assert code != 0
+    assert "ipc: slots must be between 1 and 64, got 0" in out, out[-3000:]

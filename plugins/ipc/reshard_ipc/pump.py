@@ -147,38 +147,14 @@ class Pump:
         """Move chunks of ``transfer`` (and the transfers queued after it) while the ring lets us."""
         moved = False
         queue = self._queues[(peer.rank, kind)]
-        while True:
-            if transfer.done.is_set():
-                return moved
-            size = transfer.data.numel()
-            if kind == "send" and transfer.handle is not None:
+        while not transfer.done.is_set():
+            if kind == "recv":
+                moved |= self._pull(peer, transfer)
+            elif transfer.handle is not None:
                 moved |= self._hand_over(peer.out, transfer)
-            elif kind == "send":
-                channel = peer.out
-                while transfer.moved < size and channel.free() > 0:
-                    n = min(channel.slot_bytes, size - transfer.moved)
-                    channel.put(transfer.data[transfer.moved : transfer.moved + n], transfer.task)
-                    transfer.moved += n
-                    moved = True
             else:
-                channel = peer.inbound
-                while transfer.moved < size and channel.ready() > 0:
-                    n = min(channel.slot_bytes, size - transfer.moved)
-                    length, task = channel.head()
-                    if length < 0 and transfer.moved == 0:  # a handle: the whole message at once
-                        self._take_over(peer, channel, -length, transfer)
-                        moved = True
-                        continue
-                    if length != n:
-                        raise TransportError(
-                            f"rank {peer.rank} sent a chunk of {length} bytes (task {task}) where this rank "
-                            f"expects {n} bytes of task {transfer.task & TASK_MASK}: the two ranks' messages "
-                            "disagree"
-                        )
-                    channel.take(transfer.data[transfer.moved : transfer.moved + n])
-                    transfer.moved += n
-                    moved = True
-            if transfer.moved < size:
+                moved |= self._push(peer.out, transfer)
+            if transfer.moved < transfer.data.numel():
                 return moved
             with self._lock:
                 if transfer.done.is_set():  # broken meanwhile: its error stands
@@ -189,6 +165,38 @@ class Pump:
                 if not queue:
                     return moved
                 transfer = queue[0]
+        return moved
+
+    @staticmethod
+    def _push(channel: Any, transfer: Transfer) -> bool:
+        """Write chunks of a send into the free slots."""
+        moved, size = False, transfer.data.numel()
+        while transfer.moved < size and channel.free() > 0:
+            n = min(channel.slot_bytes, size - transfer.moved)
+            channel.put(transfer.data[transfer.moved : transfer.moved + n], transfer.task)
+            transfer.moved += n
+            moved = True
+        return moved
+
+    def _pull(self, peer: Peer, transfer: Transfer) -> bool:
+        """Copy out the chunks (or the handle) of a receive that have arrived."""
+        moved, size, channel = False, transfer.data.numel(), peer.inbound
+        while transfer.moved < size and channel.ready() > 0:
+            n = min(channel.slot_bytes, size - transfer.moved)
+            length, task = channel.head()
+            if length < 0 and transfer.moved == 0:  # a handle: the whole message at once
+                self._take_over(peer, channel, -length, transfer)
+                return True
+            if length != n:
+                raise TransportError(
+                    f"rank {peer.rank} sent a chunk of {length} bytes (task {task}) where this rank "
+                    f"expects {n} bytes of task {transfer.task & TASK_MASK}: the two ranks' messages "
+                    "disagree"
+                )
+            channel.take(transfer.data[transfer.moved : transfer.moved + n])
+            transfer.moved += n
+            moved = True
+        return moved
 
     @staticmethod
     def _hand_over(channel: Any, transfer: Transfer) -> bool:

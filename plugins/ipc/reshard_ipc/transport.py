@@ -130,18 +130,20 @@ class IpcCopyService(P2PCopyService):
                 as_bytes(op.tensor).copy_(op.wire)
 
     def _give_up(self, flight: InFlight, failed_index: int) -> None:
+        self._break_near(flight, f"rank {self.rank} gave up on the round")
         for item in flight.issued:
-            if isinstance(item.work, _Near):
-                peers = {t.peer for t in item.work.transfers if not t.done.is_set()}
-                self._pump.break_pipes(peers, f"rank {self.rank} gave up on the round")
-            elif isinstance(item.work, _Remote):
+            if isinstance(item.work, _Remote):
                 item.work.flight.abandon()
 
     def _break(self, flight: InFlight) -> None:
-        for item in flight.issued:
-            if isinstance(item.work, _Near):
-                peers = {t.peer for t in item.work.transfers if not t.done.is_set()}
-                self._pump.break_pipes(peers, "a peer's failure ended the round")
+        self._break_near(flight, "a peer's failure ended the round")
+
+    def _break_near(self, flight: InFlight, reason: str) -> None:
+        """Break the pipes of ``flight``'s unfinished shared-memory transfers, telling those peers."""
+        peers = {t.peer for item in flight.issued if isinstance(item.work, _Near) for t in item.work.transfers
+                 if not t.done.is_set()}  # fmt: skip
+        if peers:
+            self._pump.break_pipes(peers, reason)
 
     def close(self) -> None:
         if self.closed:
