@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -32,8 +33,9 @@ try:  # a TCPStore whose host is gone raises this on every call (torch >= 2.3)
 except Exception:  # older torch: only a silent store is told apart
     _NETWORK_ERRORS = ()
 
-_silent: dict[int, str] = {}
-"""``id(store)`` of the stores whose host did not answer, with the error to raise at once."""
+_silent: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+"""The stores whose host did not answer, with the error to raise at once. Weak keys, not ids: a
+store found gone is dropped with its group, and a new group's store may get the same id."""
 
 
 class StoreSilent(TransportError):
@@ -65,7 +67,7 @@ def call(store: Any, fn: Callable[[Any], T], seconds: float, host: StoreHost) ->
     """``fn(store)``, or ``StoreSilent`` when it has not returned after ``seconds`` (or the store was
     found silent before: the group is broken, and the error says how to recover). Exceptions of
     ``fn`` propagate."""
-    known = _silent.get(id(store))
+    known = _silent.get(store)
     if known is not None:
         raise StoreSilent(f"{known} (found before); this group cannot refit again: {host.recover}")
     outcome: list[tuple[bool, Any]] = []
@@ -81,19 +83,14 @@ def call(store: Any, fn: Callable[[Any], T], seconds: float, host: StoreHost) ->
     helper.join(max(seconds, 0.0))
     if not outcome:
         text = f"the group's store (hosted by {host.name}) did not answer"
-        _silent[id(store)] = text
+        _silent[store] = text
         raise StoreSilent(f"{text} within {seconds:.3g} s: {host.name} stalled or died")
     ok, value = outcome[0]
     if ok:
         return value
     if isinstance(value, _NETWORK_ERRORS):  # the host closed its end: it exited (or was killed)
         text = f"the group's store (hosted by {host.name}) is gone ({first_line(value)})"
-        _silent[id(store)] = text
+        _silent[store] = text
         raise StoreSilent(f"{text}: {host.name} exited or its connection broke") from value
     raise value
 
-
-def forget(store: Any) -> None:
-    """Take ``store`` off the list of silent stores (a new group reuses no store object, but an id
-    can be reused once the old store is gone)."""
-    _silent.pop(id(store), None)
