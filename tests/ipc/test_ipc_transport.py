@@ -1,8 +1,9 @@
 """The ``ipc`` transport (reshard-ipc) in real local worlds: the conformance kit, hosts told apart
 (ranks made to report two hosts: shared memory within each, Gloo between them, in one refit), set-up
-leaving nothing in ``/dev/shm``, messages whose sizes disagree, a dead creator's segment swept, and
-the options' checks. Refits of every layout over ``ipc`` are the gloo refit tests run again with
-``RESHARD_TRANSPORT=ipc`` (``.ci/run``); a rank dying mid-refit is ``test_ipc_faults.py``."""
+leaving nothing in ``/dev/shm``, what ipc cannot move refused by name, messages whose sizes
+disagree, a dead creator's segment swept, and the options' checks. Refits of every layout over
+``ipc`` are the gloo refit tests run again with ``RESHARD_TRANSPORT=ipc`` (``.ci/run``); a rank
+dying mid-refit is ``test_ipc_faults.py``."""
 
 from __future__ import annotations
 
@@ -111,6 +112,40 @@ def test_a_rank_that_cannot_map_its_hosts_segments_is_found_out_and_uses_gloo():
         0: "cannot map rank 0's segment: No such file or directory",
         1: "cannot map rank 1's segment: No such file or directory",
     }
+
+
+def _bad_input_world(rank: int, world: int) -> dict:
+    """Each rank submits what ipc cannot move to its peer, then one good exchange."""
+    service = IpcCopyService(timeout=30, options=SMALL)
+    peer = 1 - rank
+    errors = []
+    for bad in (torch.zeros(8, 8).t(), torch.zeros(8, device="meta")):
+        for submit in (service.submit_send, service.submit_recv):
+            try:
+                submit(bad, peer, 7)
+            except TransportError as exc:
+                errors.append(str(exc))
+    service.submit_send(_payload(rank, peer, 100_000), peer, 0)
+    received = torch.zeros_like(_payload(peer, rank, 100_000))
+    service.submit_recv(received, peer, 0)
+    service.run()  # the refused ops left nothing queued
+    exact = torch.equal(received, _payload(peer, rank, 100_000))
+    service.close()
+    return {"errors": errors, "exact": exact, "routes": service.routes()}
+
+
+def test_what_ipc_cannot_move_is_refused_before_anything_moves_naming_why():
+    results = run_world(_bad_input_world, 2, timeout=120)
+    for rank, out in enumerate(results):
+        peer = 1 - rank
+        assert out["routes"] == {"ipc": [peer], "gloo": []}
+        assert out["exact"] is True
+        assert out["errors"] == [
+            f"ipc: send with rank {peer} (task 7): the tensor is not contiguous",
+            f"ipc: recv with rank {peer} (task 7): the tensor is not contiguous",
+            f"ipc: send with rank {peer} (task 7): ipc moves CPU and CUDA tensors, not meta",
+            f"ipc: recv with rank {peer} (task 7): ipc moves CPU and CUDA tensors, not meta",
+        ]
 
 
 def _refit_world(rank: int, world: int) -> dict:
