@@ -67,8 +67,8 @@ def fingerprint(tensor: torch.Tensor) -> tuple:
     local = getattr(tensor, "_local_tensor", tensor)
     placements = tensor.placements if local is not tensor else None
     held = tensor.__dict__
-    attrs = tuple((a, _frozen(held[a])) for a in PLAN_ATTRS if a in held)
-    return (tuple(tensor.shape), tensor.dtype, tuple(local.stride()), local.data_ptr(), placements, attrs)
+    attrs = tuple([(a, _frozen(held[a])) for a in PLAN_ATTRS if a in held]) if held else ()
+    return (tensor.shape, tensor.dtype, local.stride(), local.data_ptr(), placements, attrs)
 
 
 def _frozen(value: object) -> object:
@@ -94,11 +94,13 @@ def watch(model: Model) -> list[Watched]:
     return out
 
 
-def children(module: torch.nn.Module | None) -> tuple | None:
-    """A module's children as weak references (None entries kept; None for a collected module)."""
-    if module is None:
-        return None
-    return tuple(c if c is None else weakref.ref(c) for c in module._modules.values())
+def children(module: torch.nn.Module) -> tuple[int, ...]:
+    """The ``id`` of each of a module's children (of None for an empty slot), in order.
+
+    Ids suffice because ``ModelsSeen.structure`` lists every module of the tree with a weak
+    reference of its own: a child can only be replaced by a new object with the same id once the
+    old child was collected, and then the old child's own entry is found dead."""
+    return tuple(map(id, module._modules.values()))
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,7 @@ class ModelsSeen:
     destinations: tuple[weakref.ref, ...]
     signature: tuple
     watched: tuple[Watched, ...]
-    structure: tuple[tuple[weakref.ref, tuple | None], ...]
+    structure: tuple[tuple[weakref.ref, tuple[int, ...]], ...]
 
     @classmethod
     def of(cls, src: Model, dst: Model, signature: tuple) -> ModelsSeen:
@@ -135,8 +137,9 @@ class ModelsSeen:
         """Why the models no longer match what was seen, or None when they still do."""
         if any(ref() is None for ref in self.models):
             return "a model it was prepared for was garbage collected"
-        for module, held in self.structure:
-            if children(module()) != held:
+        for ref, held in self.structure:
+            module = ref()
+            if module is None or children(module) != held:
                 return "a submodule was replaced, added or removed"
         for owner, kind, key, print_ in self.watched:
             tensor = getattr(owner(), kind, {}).get(key)
