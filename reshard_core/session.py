@@ -88,7 +88,8 @@ class Session:
                 )
             with failures.raised_alike():  # a rank whose models changed still joins, with its error
                 start_together(error, o.group, o.timeout)
-            return self.report(self.run(cast, version), reused=True, total=time.perf_counter() - start)
+            stats = self._execute_recorded(cast, version)  # the sources were refreshed above
+            return self.report(stats, reused=True, total=time.perf_counter() - start)
 
     @property
     def models(self) -> tuple[weakref.ref, ...]:
@@ -101,12 +102,8 @@ class Session:
 
     def run(self, cast: bool, version: Any) -> ExecStats:
         """Refresh the sources, execute, and record ``version`` on the destinations once it landed."""
-        destinations = [m for m in (ref() for ref in self.seen.destinations) if m is not None]
-        versions.begin(destinations)
         self.refresh()
-        stats = self._execute(cast or self.options.cast)
-        versions.commit(destinations, version)
-        return stats
+        return self._execute_recorded(cast, version)
 
     def refresh(self) -> None:
         """Bring every source up to date (``refreshers``) before an execution."""
@@ -118,6 +115,14 @@ class Session:
         """The ``RefitReport`` of one execution (``reused``: this session was not built for it)."""
         setup = None if reused else self.seconds
         return RefitReport.of(self.plan.rank, self.transport.name, stats, setup, self.metadata_bytes, total)
+
+    def _execute_recorded(self, cast: bool, version: Any) -> ExecStats:
+        """Execute on fresh sources and record ``version`` on the destinations once it landed."""
+        destinations = [m for m in (ref() for ref in self.seen.destinations) if m is not None]
+        versions.begin(destinations)
+        stats = self._execute(cast or self.options.cast)
+        versions.commit(destinations, version)
+        return stats
 
     def _execute(self, cast: bool) -> ExecStats:
         """Run the plan once. Any error (a ``TransportError`` from inside the transport, a transform
