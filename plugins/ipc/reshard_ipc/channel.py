@@ -92,7 +92,7 @@ class Channel:
 
     def read_handle(self, size: int) -> bytes:
         """The handle in the next slot (``size`` bytes); ``skip()`` once its copy is done."""
-        return bytes(self._slot[self.count % self.slots][:size].numpy().tobytes())
+        return self._slot[self.count % self.slots][:size].numpy().tobytes()
 
     def skip(self) -> None:
         """Free the next slot without copying it out (a handle whose copy is done)."""

@@ -13,6 +13,7 @@ receiver opens it on its own index of that GPU.
 from __future__ import annotations
 
 import pickle
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -30,7 +31,7 @@ def visible_gpus() -> list[str]:
         return []
 
 
-def export(data: torch.Tensor, gpus: list[str]) -> bytes:
+def export(data: torch.Tensor, gpus: Sequence[str]) -> bytes:
     """The handle of ``data`` (CUDA bytes) for a receiver. Waits for the current stream first, so
     everything queued before the send has written ``data`` when the receiver reads it."""
     from torch.multiprocessing.reductions import reduce_tensor
@@ -40,7 +41,7 @@ def export(data: torch.Tensor, gpus: list[str]) -> bytes:
     return pickle.dumps((gpus[data.device.index], args))
 
 
-def copy_out(blob: bytes, target: torch.Tensor, gpus: list[str]) -> int:
+def copy_out(blob: bytes, target: torch.Tensor, gpus: Sequence[str]) -> int:
     """Copy the sender's bytes named by ``blob`` into ``target`` (flat uint8, CUDA or CPU) and wait
     until the copy is done (the sender may reuse its memory once told); returns the bytes copied.
     ``gpus``: this process's ``visible_gpus()``."""

@@ -60,10 +60,10 @@ class Transfer:
 class Pump:
     """Moves the transfers of ``peers`` (by rank) on a daemon thread until ``close()``."""
 
-    def __init__(self, rank: int, peers: dict[int, Peer], gpus: list[str] | None = None) -> None:
+    def __init__(self, rank: int, peers: dict[int, Peer], gpus: tuple[str, ...] = ()) -> None:
         self.rank = rank
         self.peers = peers
-        self.gpus = gpus or []  # this process's GPUs by index (``cuda_ipc.visible_gpus``)
+        self.gpus = gpus  # this process's GPUs by index (``cuda_ipc.visible_gpus``)
         self._queues: dict[tuple[int, str], deque[Transfer]] = {
             (p, kind): deque() for p in peers for kind in ("send", "recv")
         }

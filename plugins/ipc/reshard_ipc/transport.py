@@ -75,7 +75,7 @@ class IpcCopyService(P2PCopyService):
         """Peers reached through shared memory; every other member goes through ``fallback``."""
         self.refused = dict(self.link.refused)
         """Peers reporting this host that could not share memory with this rank, and why."""
-        self._pump = Pump(self.rank, self.link.peers, list(self.link.gpus)) if self.link.peers else None
+        self._pump = Pump(self.rank, self.link.peers, self.link.gpus) if self.link.peers else None
 
     def _resolve_group(self, group: dist.ProcessGroup | None) -> tuple[dist.ProcessGroup | None, bool]:
         return group, False  # set-up goes through the store and remote pairs through the fallback
@@ -116,7 +116,7 @@ class IpcCopyService(P2PCopyService):
             from .cuda_ipc import export
 
             op.wire = data
-            return Transfer("send", data, op.peer, op.task_id, handle=export(data, list(gpus)))
+            return Transfer("send", data, op.peer, op.task_id, handle=export(data, gpus))
         host = _host_side(op)
         landed = (lambda: setattr(op, "wire", None)) if op.kind == "recv" else None
         return Transfer(op.kind, host, op.peer, op.task_id, target=data, landed=landed)
