@@ -12,6 +12,10 @@ from typing import Any
 SPREAD_LIMIT = 2.0
 """Slowest over fastest repetition above which a measurement is flagged (a loaded machine)."""
 
+TIMER_NOISE = 0.002
+"""Seconds below which repetitions are not compared: a round with nothing on the wire takes
+microseconds, and its spread says nothing about the machine."""
+
 
 def megatron_skip_reason(megatron: bool, model: str, resolved_model: str) -> str | None:
     """Why Megatron-Core's refit is not compared (None when it is): the option, the model kind, or
@@ -31,9 +35,10 @@ def spread_warnings(rows: list[dict[str, Any]], limit: float = SPREAD_LIMIT) -> 
     for row in rows:
         ours, megatron = row.get("ours") or {}, row.get("megatron") or {}
         series = (("refit", ours.get("refit_runs")), ("wire floor", ours.get("floor_runs")),
+                  ("layout floor", ours.get("layout_floor_runs")),
                   ("Megatron-Core", megatron.get("runs")))  # fmt: skip
         for what, runs in series:
-            if not runs or min(runs) <= 0:
+            if not runs or min(runs) <= 0 or max(runs) < TIMER_NOISE:
                 continue
             ratio = max(runs) / min(runs)
             if ratio > limit:
