@@ -59,9 +59,14 @@ def test_bench_compares_with_the_wire_floor_and_megatron_core(capsys, monkeypatc
     assert row["floor_ratio"] == ours["refit_seconds"] / ours["floor_seconds"]
     assert row["speedup"] == megatron["seconds"] / ours["refit_seconds"]
     assert row["speedup_bound"] == megatron["seconds"] / ours["floor_with_local_seconds"]
+    assert row["of_bound"] == row["speedup"] / row["speedup_bound"]
+    # the layout floor copies every local byte and packs the row-parallel column slices it sends
+    assert ours["layout_copy_bytes"] > ours["bytes_local"] > 0 and len(ours["layout_floor_runs"]) == 2
+    assert row["layout_floor_ratio"] == ours["refit_seconds"] / ours["layout_floor_seconds"]
     bench_cmd._print(report)  # the human tables of this real report read at 80 columns
     tables = capsys.readouterr().out
-    assert "Megatron-Core s" in tables and max(len(line) for line in tables.splitlines()) <= 80, tables
+    assert "against Megatron-Core's refit" in tables and "these layouts force" in tables, tables
+    assert max(len(line) for line in tables.splitlines()) <= 80, tables
 
 
 USAGE_ERRORS = [

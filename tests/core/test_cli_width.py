@@ -62,6 +62,8 @@ def bench_report(megatron: bool) -> dict:
         "refit_seconds": 0.01234,
         "floor_seconds": 0.01011,
         "floor_with_local_seconds": 0.01111,
+        "layout_floor_seconds": 0.01122,
+        "layout_copy_bytes": 120_000_000,
         "bytes_remote": 190_000_000,
         "bytes_local": 95_000_000,
         "verified": True,
@@ -73,9 +75,11 @@ def bench_report(megatron: bool) -> dict:
             "ours": ours,
             "floor_ratio": 1.22,
             "floor_with_local_ratio": 1.11,
+            "layout_floor_ratio": 1.1,
             "megatron": done,
             "speedup": 41.5,
             "speedup_bound": 46.1,
+            "of_bound": 0.9,
         },
         {"pair": "tp=4->tp=2,dp=2", "ours": None, "megatron": {"finished": False, "deadline": 120.0}},
     ]
@@ -95,7 +99,8 @@ def test_bench_tables_fit_80_columns(capsys, megatron):
     bench_cmd._print(bench_report(megatron))
     out = capsys.readouterr().out
     assert longest_line(out) <= WIDTH, out
-    assert ("did not" in out and "0.512 (NOT" in out) is megatron
+    assert ("did not" in out and "0.512 (NOT" in out and "90%" in out) is megatron
+    assert "layout" in out and "1.10×" in out and "120" in out
 
 
 def test_demo_table_fits_80_columns(capsys):

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from reshard_bench.floor import local_volume, pair_volumes
+from reshard_bench.floor import LayoutCopies, local_volume, pair_volumes
 from reshard_bench.gpt import GPT, PRESETS, GPTConfig, box_values, expected_local, tp_layout
 from reshard_bench.layouts import resolve_layout
 from reshard_bench.refit_bench import BenchOptions, BenchRun, parse_pair, report, run_bench
@@ -80,6 +80,30 @@ def test_floor_volumes_are_the_plan_s_remote_bytes_per_peer():
                         op(OpKind.SEND, "a", 3, (1, 4))), meta)  # fmt: skip
     assert pair_volumes(plan) == ({1: 2 * 4 * 2 + 2 * 4, 3: 4 * 2}, {2: 4 * 4 * 2})
     assert local_volume(plan) == 2 * 4 * 2
+
+
+def test_the_layout_floor_copies_what_the_layouts_force_once_and_never_touches_the_models():
+    meta = {"w": TensorMeta("w", (4, 8), torch.bfloat16)}
+    op = lambda kind, peer, src_at, dst_at, sizes: TransferOp(kind, "w", peer, (0, 0), sizes, src_at, dst_at)  # noqa: E731
+    plan = RankPlan(0, (
+        op(OpKind.LOCAL, 0, (0, 0), (0, 0), (4, 2)),  # a column slice of the source into the shard
+        op(OpKind.SEND, 1, (0, 2), (0, 0), (4, 2)),  # strided here: packed once
+        op(OpKind.SEND, 2, (2, 0), (0, 0), (2, 8)),  # whole rows: sent as it lies, no copy
+        op(OpKind.RECV, 3, (0, 0), (0, 2), (4, 2)),  # strided here: unpacked once
+        op(OpKind.RECV, 1, (0, 0), (2, 0), (2, 8)),  # whole rows: received in place, no copy
+    ), meta)  # fmt: skip
+    src = torch.nn.Parameter(torch.arange(32, dtype=torch.bfloat16).view(4, 8))  # as a model holds them
+    dst = torch.nn.Parameter(torch.zeros(4, 8, dtype=torch.bfloat16))
+    copies = LayoutCopies(plan, {"w": src}, {"w": dst})
+    assert len(copies.copies) == 3 and copies.nbytes == 3 * 4 * 2 * 2
+    copies.run()
+    copies.run()  # again, as the bench repeats it
+    (local_dst, local_src), (pack, packed), (unpacked, incoming) = copies.copies
+    assert torch.equal(local_dst, src[:, 0:2]) and local_dst.stride() == (8, 1)  # a view of a clone of dst
+    assert torch.equal(pack, src[:, 2:4]) and pack.is_contiguous()
+    assert torch.equal(unpacked, torch.ones(4, 2, dtype=torch.bfloat16)) and not unpacked.is_contiguous()
+    assert torch.equal(dst, torch.zeros(4, 8, dtype=torch.bfloat16))  # the model's tensor untouched
+    assert torch.equal(src, torch.arange(32, dtype=torch.bfloat16).view(4, 8))
 
 
 def _row(seconds: float) -> dict:

@@ -94,6 +94,23 @@ def _seconds(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 
 
+def _ratio(row: dict[str, Any], key: str) -> str:
+    return f"{row[key]:.2f}×" if key in row else "-"
+
+
+def _pair(row: dict[str, Any]) -> str:
+    return row["pair"].replace("->", " → ")
+
+
+def _table(title: str, columns: tuple[str, ...]) -> Table:
+    """A table in the bench's style: the layouts first (they may wrap), then numbers, right-aligned."""
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for col in columns:
+        first = col == columns[0]
+        table.add_column(col, justify="left" if first else "right", no_wrap=not first, overflow="fold")
+    return table
+
+
 def _print(report: dict[str, Any]) -> None:
     """Our refits against the wire floor, then (when compared) against Megatron-Core, each table
     narrow enough for 80 columns (two-line headers; a long Megatron-Core note folds)."""
@@ -103,27 +120,25 @@ def _print(report: dict[str, Any]) -> None:
     size += f" {o['dtype']}"
     title = (f"reshard bench: {o['model']} '{o['size']}' ({size}), {o['world']} processes, "
              f"{o['transport']}, median of {o['reps']} warm refits")  # fmt: skip
-    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    cols = ("layouts", "refit\ns", "wire\nfloor s", "refit/\nfloor", "+local\nfloor s", "refit/\n(+local)",
-            "sent\nMB", "local\nMB", "exact")  # fmt: skip
-    for col in cols:
-        table.add_column(col, justify="right" if col != "layouts" else "left", no_wrap=col != "layouts",
-                         overflow="fold")  # fmt: skip
+    table = _table(title, ("layouts", "refit\ns", "wire\nfloor s", "refit/\nfloor", "+local\nfloor s",
+                           "refit/\n(+local)", "sent\nMB", "local\nMB", "exact"))  # fmt: skip
     for row in report["rows"]:
         ours = row["ours"] or {}
         table.add_row(
-            row["pair"].replace("->", " → "),
+            _pair(row),
             _seconds(ours.get("refit_seconds")),
             _seconds(ours.get("floor_seconds")),
-            f"{row['floor_ratio']:.2f}×" if "floor_ratio" in row else "-",
+            _ratio(row, "floor_ratio"),
             _seconds(ours.get("floor_with_local_seconds")),
-            f"{row['floor_with_local_ratio']:.2f}×" if "floor_with_local_ratio" in row else "-",
+            _ratio(row, "floor_with_local_ratio"),
             f"{ours['bytes_remote'] / 1e6:.0f}" if ours else "-",
             f"{ours['bytes_local'] / 1e6:.0f}" if ours else "-",
             ("yes" if ours["verified"] else "NO") if ours else "-",
         )
     out = console()
     out.print(table)
+    if any("layout_floor_ratio" in row for row in report["rows"]):
+        out.print(_layout_table(report))
     if any("gloo_speedup" in row for row in report["rows"]):
         out.print(_gloo_table(report))
     if report["megatron_core"]:
@@ -134,49 +149,63 @@ def _gloo_table(report: dict[str, Any]) -> Table:
     """The transport against gloo on the same models and against the memcpy floor (one copy per
     received or local byte, no transport), all in the same run."""
     name = report["options"]["transport"]
-    table = Table(title=f"{name} against gloo and against the memcpy floor (same run)", box=box.SIMPLE_HEAD,
-                  pad_edge=False, collapse_padding=True)  # fmt: skip
-    for col in ("layouts", f"{name}\ns", "gloo\ns", "gloo/\n" + name, "memcpy\nfloor s", f"{name}/\nfloor"):
-        table.add_column(col, justify="right" if col != "layouts" else "left", no_wrap=col != "layouts")
+    columns = ("layouts", f"{name}\ns", "gloo\ns", "gloo/\n" + name, "memcpy\nfloor s", f"{name}/\nfloor")
+    table = _table(f"{name} against gloo and against the memcpy floor (same run)", columns)
     for row in report["rows"]:
         ours = row["ours"] or {}
         table.add_row(
-            row["pair"].replace("->", " → "),
+            _pair(row),
             _seconds(ours.get("refit_seconds")),
             _seconds(ours.get("gloo_seconds")),
-            f"{row['gloo_speedup']:.2f}×" if "gloo_speedup" in row else "-",
+            _ratio(row, "gloo_speedup"),
             _seconds(ours.get("memcpy_floor_seconds")),
-            f"{row['memcpy_ratio']:.2f}×" if "memcpy_ratio" in row else "-",
+            _ratio(row, "memcpy_ratio"),
+        )
+    return table
+
+
+def _layout_table(report: dict[str, Any]) -> Table:
+    """The refit against the layout floor: the wire round with the copies these layouts force (local
+    regions view to view, strided remote regions packed or unpacked once) instead of one memcpy."""
+    columns = ("layouts", "refit\ns", "+local\nfloor s", "layout\nfloor s", "refit/\nlayout", "copied\nMB")
+    table = _table("against the copies these layouts force (same run)", columns)
+    for row in report["rows"]:
+        ours = row["ours"] or {}
+        table.add_row(
+            _pair(row),
+            _seconds(ours.get("refit_seconds")),
+            _seconds(ours.get("floor_with_local_seconds")),
+            _seconds(ours.get("layout_floor_seconds")),
+            _ratio(row, "layout_floor_ratio"),
+            f"{ours['layout_copy_bytes'] / 1e6:.0f}" if "layout_copy_bytes" in ours else "-",
         )
     return table
 
 
 def _megatron_table(report: dict[str, Any]) -> Table:
-    table = Table(title="against Megatron-Core's refit (same model, layouts and transport)",
-                  box=box.SIMPLE_HEAD)  # fmt: skip
-    table.add_column("layouts", no_wrap=True)
-    table.add_column("reshard s", justify="right", no_wrap=True)
-    table.add_column("Megatron-Core s", justify="right", overflow="fold")
-    table.add_column("speed-up", justify="right", no_wrap=True)
-    table.add_column("bound", justify="right", no_wrap=True)
+    """Megatron-Core's refit, our speed-up over it, the bound (its time over the +local floor: the
+    most any refit of these volumes could show) and the share of the bound reached."""
+    columns = ("layouts", "reshard\ns", "Megatron-\nCore s", "speed-\nup", "bound", "of\nbound")
+    table = _table("against Megatron-Core's refit (same model, layouts and transport)", columns)
+    table.columns[2].no_wrap = False  # "did not finish in N s" folds
     for row in report["rows"]:
         ours = row["ours"] or {}
-        pair = row["pair"].replace("->", " → ")
-        table.add_row(pair, _seconds(ours.get("refit_seconds")), *_megatron_cells(row))
+        table.add_row(_pair(row), _seconds(ours.get("refit_seconds")), *_megatron_cells(row))
     return table
 
 
 def _megatron_cells(row: dict[str, Any]) -> list[str]:
     megatron = row["megatron"]
     if megatron is None:
-        return ["-", "-", "-"]
+        return ["-", "-", "-", "-"]
     if not megatron["finished"]:
-        return [f"did not finish in {megatron['deadline']:g} s", "-", "-"]
+        return [f"did not finish in {megatron['deadline']:g} s", "-", "-", "-"]
     exact = "" if megatron["verified"] else " (NOT exact)"
     return [
         f"{megatron['seconds']:.3f}{exact}",
         f"{row['speedup']:.1f}×" if "speedup" in row else "-",
         f"{row['speedup_bound']:.1f}×" if "speedup_bound" in row else "-",
+        f"{row['of_bound']:.0%}" if "of_bound" in row else "-",
     ]
 
 

@@ -8,14 +8,25 @@
 - The memcpy floor: every rank copies the bytes it receives and the bytes it copies locally, each
   as one memcpy, all ranks at once: what a same-host refit of these volumes could cost with one copy
   per byte and no transport at all (the floor a shared-memory transport is held to).
+- The layout floor: the wire floor's round with, while it is on the wire, the copies the layouts
+  force instead of one memcpy (``LayoutCopies``): local regions copied view to view, and every
+  remote region that is strided on this rank's side copied once into or out of a contiguous buffer.
+  The floors above copy contiguous bytes; a refit between these layouts cannot (a row-parallel
+  weight's TP shards are column slices), so this one says how much of a refit's time over the
+  +local floor is the layouts' and how much is the refit's own (per-tensor messages, the start and
+  closing rounds, the model check).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 import torch
 
-from reshard_core import CopyService, OpKind, RankPlan
+from reshard_core import CopyService, OpKind, RankPlan, SplitView, TransferOp
+from reshard_core.execute.input_checks import source_name
 from reshard_core.transport import message_task_id
+from reshard_core.views import Region, copy_into, region
 
 
 def local_volume(plan: RankPlan) -> int:
@@ -38,7 +49,7 @@ def pair_volumes(plan: RankPlan) -> tuple[dict[int, int], dict[int, int]]:
 class WireFloor:
     """One preallocated, pre-touched buffer per peer and direction; ``run()`` moves them all in one
     round of ``transport`` (a collective with every peer of the plan). ``local`` bytes are copied
-    by ``run(with_local=True)`` while the round is on the wire."""
+    by ``run(with_local=True)`` while the round is on the wire, or ``during()`` runs then."""
 
     def __init__(
         self, transport: CopyService, rank: int, sends: dict[int, int], recvs: dict[int, int], local: int = 0
@@ -55,7 +66,7 @@ class WireFloor:
         """Bytes this rank sends per round."""
         return sum(b.numel() for b in self.sends.values())
 
-    def run(self, with_local: bool = False) -> None:
+    def run(self, with_local: bool = False, during: Callable[[], None] | None = None) -> None:
         for peer, buf in self.sends.items():
             self.transport.submit_send(buf, peer, message_task_id(0, self.rank, peer))
         for peer, buf in self.recvs.items():
@@ -63,7 +74,63 @@ class WireFloor:
         flight = self.transport.start()
         if with_local:  # while the round is on the wire
             self.local_dst.copy_(self.local_src)
+        if during is not None:
+            during()
         flight.wait()
+
+
+class LayoutCopies:
+    """The copies a refit of ``plan`` cannot avoid on this rank, each once, in the access pattern
+    the layouts impose: every LOCAL op view to view; every SEND op whose source region is strided
+    into a contiguous buffer (a pack); every RECV op whose destination region is strided from one
+    (an unpack). Contiguous remote regions need no copy (they can go on the wire as they lie).
+
+    Reads come from ``src_tensors`` (the session's own); writes go to clones of the destination
+    tensors (same shape and strides, so the same access pattern), never to the models."""
+
+    def __init__(
+        self,
+        plan: RankPlan,
+        src_tensors: Mapping[str, torch.Tensor | None],
+        dst_tensors: Mapping[str, torch.Tensor | None],
+    ) -> None:
+        clones: dict[str, torch.Tensor | SplitView] = {}
+
+        def target(name: str) -> torch.Tensor | SplitView:
+            if name not in clones:
+                clones[name] = _zeros_like(dst_tensors[name])
+            return clones[name]
+
+        def source(op: TransferOp) -> Region:
+            return region(src_tensors[source_name(plan, op.name)], op.src_local, op.sizes)
+
+        self.copies: list[tuple[Region, Region]] = []
+        for op in plan.ops:
+            if op.kind is OpKind.LOCAL:
+                self.copies.append((region(target(op.name), op.dst_local, op.sizes), source(op)))
+            elif op.kind is OpKind.SEND:
+                src = source(op)
+                if not src.is_contiguous():
+                    self.copies.append((torch.zeros(op.sizes, dtype=src.dtype, device=src.device), src))
+            else:
+                dst = region(target(op.name), op.dst_local, op.sizes)
+                if not dst.is_contiguous():
+                    self.copies.append((dst, torch.ones(op.sizes, dtype=dst.dtype, device=dst.device)))
+        self.nbytes = sum(dst.numel() * dst.dtype.itemsize for dst, _ in self.copies)
+        """Bytes copied per ``run()``."""
+
+    @torch.no_grad()  # sources are Parameters that require grad, as a refit reads them
+    def run(self) -> None:
+        for dst, src in self.copies:
+            copy_into(dst, src)
+
+
+def _zeros_like(tensor: torch.Tensor | SplitView) -> torch.Tensor | SplitView:
+    """A zeroed tensor of ``tensor``'s shape, strides, dtype and device (a split view's base cloned)."""
+    if isinstance(tensor, SplitView):
+        return SplitView(_zeros_like(tensor.base), tensor.groups)
+    out = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=tensor.device)
+    return out.zero_()
 
 
 class MemcpyFloor:

@@ -5,7 +5,8 @@ refits of the prepared session (``Session.refit()``; the median; each is the slo
 ranks starting together; ``reshard_core.refit()``, which first agrees on the cached session with one
 small all-gather, is timed too, as ``api_refit_seconds`` in the JSON); check every
 destination element; time the wire floor (``floor.py``) for the plan's per-pair volumes the same
-way (and once more with the plan's local-copy volume copied while it is on the wire) and the
+way (and once more with the plan's local-copy volume copied while it is on the wire, and once
+with the copies the layouts force instead: the layout floor) and the
 memcpy floor (each rank's received and local volumes copied once), and, for a transport other than
 gloo, a gloo session of the same models: one of each after every refit so all share the machine's
 drift; then, for
@@ -28,7 +29,7 @@ import torch.distributed as dist
 
 from reshard_core.testing.world import WorldStopped, emit
 
-from .floor import MemcpyFloor, WireFloor, local_volume, pair_volumes
+from .floor import LayoutCopies, MemcpyFloor, WireFloor, local_volume, pair_volumes
 from .gpt import PRESETS
 from .layouts import resolve_layout
 from .pairs import build_pair, megatron_available
@@ -136,6 +137,7 @@ def _ours(models, opts: BenchOptions) -> dict[str, Any]:
     sends, recvs = pair_volumes(plan)
     floor = WireFloor(session.transport, dist.get_rank(), sends, recvs, local=local_volume(plan))
     memcpy = MemcpyFloor(sum(recvs.values()), local_volume(plan))
+    copies = LayoutCopies(plan, session.src_tensors, session.dst_tensors)
     gloo = None  # another transport is also timed against gloo, on the same models in the same world
     if opts.transport != "gloo":
         gloo = reshard_core.prepare(models.src, models.dst, **{**kwargs, "transport": "gloo"})
@@ -143,20 +145,24 @@ def _ours(models, opts: BenchOptions) -> dict[str, Any]:
         session.refit()
         floor.run()
         floor.run(True)
+        floor.run(during=copies.run)
         memcpy.run()
         if gloo is not None:
             gloo.refit()
     runs, floor_runs, with_local, api_runs, memcpy_runs, gloo_runs = [], [], [], [], [], []
+    layout_runs = []
     for _ in range(opts.reps):
         runs.append(timed(session.refit))
         floor_runs.append(timed(floor.run)[1])
         with_local.append(timed(lambda: floor.run(True))[1])
+        layout_runs.append(timed(lambda: floor.run(during=copies.run))[1])
         memcpy_runs.append(timed(memcpy.run)[1])
         if gloo is not None:
             gloo_runs.append(timed(gloo.refit)[1])
         api_runs.append(timed(lambda: reshard_core.refit(models.src, models.dst, **kwargs))[1])
     last = runs[-1][0]
-    totals = torch.tensor([last.bytes_sent, last.bytes_local, last.messages, floor.nbytes], dtype=torch.int64)
+    totals = torch.tensor([last.bytes_sent, last.bytes_local, last.messages, floor.nbytes, copies.nbytes],
+                          dtype=torch.int64)  # fmt: skip
     dist.all_reduce(totals)
     batches = torch.tensor([last.batches], dtype=torch.int64)
     dist.all_reduce(batches, op=dist.ReduceOp.MAX)
@@ -175,6 +181,9 @@ def _ours(models, opts: BenchOptions) -> dict[str, Any]:
         "floor_runs": floor_runs,
         "floor_bytes": int(totals[3]),
         "floor_with_local_seconds": median(with_local),
+        "layout_floor_seconds": median(layout_runs),
+        "layout_floor_runs": layout_runs,
+        "layout_copy_bytes": int(totals[4]),
         "memcpy_floor_seconds": median(memcpy_runs),
         "memcpy_floor_runs": memcpy_runs,
         **({"gloo_seconds": median(gloo_runs), "gloo_runs": gloo_runs} if gloo is not None else {}),
@@ -290,6 +299,8 @@ def report(opts: BenchOptions, rows: dict[str, dict[str, Any]]) -> dict[str, Any
             entry["floor_ratio"] = ours["refit_seconds"] / ours["floor_seconds"]
         if ours is not None and ours.get("floor_with_local_seconds", 0) > 0:
             entry["floor_with_local_ratio"] = ours["refit_seconds"] / ours["floor_with_local_seconds"]
+        if ours is not None and ours.get("layout_floor_seconds", 0) > 0:
+            entry["layout_floor_ratio"] = ours["refit_seconds"] / ours["layout_floor_seconds"]
         if ours is not None and ours.get("memcpy_floor_seconds", 0) > 0:
             entry["memcpy_ratio"] = ours["refit_seconds"] / ours["memcpy_floor_seconds"]
         if ours is not None and ours.get("gloo_seconds", 0) > 0:
@@ -299,6 +310,7 @@ def report(opts: BenchOptions, rows: dict[str, dict[str, Any]]) -> dict[str, Any
             bound = ours.get("floor_with_local_seconds", 0)
             if bound > 0:  # no refit that moves these bytes and copies these local bytes is faster
                 entry["speedup_bound"] = megatron["seconds"] / bound
+                entry["of_bound"] = entry["speedup"] / entry["speedup_bound"]
         out_rows.append(entry)
     from .notes import megatron_skip_reason, spread_warnings
 
