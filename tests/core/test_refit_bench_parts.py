@@ -14,6 +14,7 @@ from reshard_bench.gpt import GPT, PRESETS, GPTConfig, box_values, expected_loca
 from reshard_bench.layouts import resolve_layout
 from reshard_bench.refit_bench import BenchOptions, BenchRun, parse_pair, report, run_bench
 
+from reshard_core import SplitView
 from reshard_core.layout import Layout, Mesh, Shard
 from reshard_core.plan.ops import OpKind, RankPlan, TransferOp
 from reshard_core.specs import TensorMeta
@@ -104,6 +105,18 @@ def test_the_layout_floor_copies_what_the_layouts_force_once_and_never_touches_t
     assert torch.equal(unpacked, torch.ones(4, 2, dtype=torch.bfloat16)) and not unpacked.is_contiguous()
     assert torch.equal(dst, torch.zeros(4, 8, dtype=torch.bfloat16))  # the model's tensor untouched
     assert torch.equal(src, torch.arange(32, dtype=torch.bfloat16).view(4, 8))
+
+
+def test_the_layout_floor_reads_split_views_and_refuses_a_region_across_their_blocks():
+    meta = {"w": TensorMeta("w", (8, 8), torch.float32)}
+    split = SplitView(torch.arange(64.0).view(2, 4, 8), ((2, 4), (8,)))  # logical rows 4b..4b+3 = base[b]
+    op = lambda at: TransferOp(OpKind.SEND, "w", 1, at, (4, 8), at, (0, 0))  # noqa: E731
+    whole_block = RankPlan(0, (op((4, 0)),), meta)
+    assert LayoutCopies(whole_block, {"w": split}, {}).copies == []  # one block: sent as it lies
+    with pytest.raises(ValueError) as raised:
+        LayoutCopies(RankPlan(0, (op((2, 0)),), meta), {"w": split}, {})
+    expected = "the layout floor copies plain regions; w's region at (2, 0) spans blocks of a split view"
+    assert str(raised.value) == expected
 
 
 def _row(seconds: float) -> dict:

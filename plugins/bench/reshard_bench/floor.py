@@ -24,9 +24,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from reshard_core import CopyService, OpKind, RankPlan, SplitView, TransferOp
-from reshard_core.execute.input_checks import source_name
 from reshard_core.transport import message_task_id
-from reshard_core.views import Region, copy_into, region
 
 
 def local_volume(plan: RankPlan) -> int:
@@ -101,19 +99,20 @@ class LayoutCopies:
                 clones[name] = _zeros_like(dst_tensors[name])
             return clones[name]
 
-        def source(op: TransferOp) -> Region:
-            return region(src_tensors[source_name(plan, op.name)], op.src_local, op.sizes)
+        def source(op: TransferOp) -> torch.Tensor:
+            name = (plan.source_names or {}).get(op.name, op.name)  # a tied destination reads another name
+            return _region(src_tensors[name], op.src_local, op.sizes, name)
 
-        self.copies: list[tuple[Region, Region]] = []
+        self.copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         for op in plan.ops:
             if op.kind is OpKind.LOCAL:
-                self.copies.append((region(target(op.name), op.dst_local, op.sizes), source(op)))
+                self.copies.append((_region(target(op.name), op.dst_local, op.sizes, op.name), source(op)))
             elif op.kind is OpKind.SEND:
                 src = source(op)
                 if not src.is_contiguous():
                     self.copies.append((torch.zeros(op.sizes, dtype=src.dtype, device=src.device), src))
             else:
-                dst = region(target(op.name), op.dst_local, op.sizes)
+                dst = _region(target(op.name), op.dst_local, op.sizes, op.name)
                 if not dst.is_contiguous():
                     self.copies.append((dst, torch.ones(op.sizes, dtype=dst.dtype, device=dst.device)))
         self.nbytes = sum(dst.numel() * dst.dtype.itemsize for dst, _ in self.copies)
@@ -122,7 +121,21 @@ class LayoutCopies:
     @torch.no_grad()  # sources are Parameters that require grad, as a refit reads them
     def run(self) -> None:
         for dst, src in self.copies:
-            copy_into(dst, src)
+            dst.copy_(src)
+
+
+def _region(
+    tensor: torch.Tensor | SplitView, offsets: tuple[int, ...], sizes: tuple[int, ...], name: str
+) -> torch.Tensor:
+    """The view of the box at ``offsets`` of extent ``sizes`` in a local tensor (no copy);
+    ``ValueError`` for a box of a split view that spans several of its blocks."""
+    if isinstance(tensor, SplitView):
+        view = tensor.region(offsets, sizes)
+        if not isinstance(view, torch.Tensor):
+            where = f"{name}'s region at {tuple(offsets)}"
+            raise ValueError(f"the layout floor copies plain regions; {where} spans blocks of a split view")
+        return view
+    return tensor[tuple(slice(o, o + s) for o, s in zip(offsets, sizes, strict=True))]
 
 
 def _zeros_like(tensor: torch.Tensor | SplitView) -> torch.Tensor | SplitView:
