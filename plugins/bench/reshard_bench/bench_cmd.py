@@ -6,6 +6,7 @@ Exit codes: 0 measured and every result verified, 1 a rank failed or a result wa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
@@ -102,106 +103,103 @@ def _pair(row: dict[str, Any]) -> str:
     return row["pair"].replace("->", " → ")
 
 
-def _table(title: str, columns: tuple[str, ...]) -> Table:
-    """A table in the bench's style: the layouts first (they may wrap), then numbers, right-aligned."""
+Cells = Callable[[dict[str, Any], dict[str, Any]], list[str]]
+"""A table's cells after the layouts, from a report row and its ``ours`` part (``{}`` when missing)."""
+
+
+def _table(title: str, headers: tuple[str, ...], rows: list[dict[str, Any]], cells: Cells) -> Table:
+    """A table in the bench's style: one line per pair, the layouts first (they may wrap), then
+    ``cells(row, ours)`` under ``headers``, right-aligned."""
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    for col in columns:
-        first = col == columns[0]
-        table.add_column(col, justify="left" if first else "right", no_wrap=not first, overflow="fold")
+    table.add_column("layouts", overflow="fold")
+    for header in headers:
+        table.add_column(header, justify="right", no_wrap=True, overflow="fold")
+    for row in rows:
+        table.add_row(_pair(row), *cells(row, row["ours"] or {}))
     return table
 
 
 def _print(report: dict[str, Any]) -> None:
-    """Our refits against the wire floor, then (when compared) against Megatron-Core, each table
-    narrow enough for 80 columns (two-line headers; a long Megatron-Core note folds)."""
+    """Our refits against the wire floor, the layout floor and (for another transport) gloo, then
+    (when compared) against Megatron-Core, each table narrow enough for 80 columns (two-line
+    headers; a long Megatron-Core note folds)."""
     o = report["options"]
     nbytes = report["model_bytes"]
     size = f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:.1f} MB"
     size += f" {o['dtype']}"
     title = (f"reshard bench: {o['model']} '{o['size']}' ({size}), {o['world']} processes, "
              f"{o['transport']}, median of {o['reps']} warm refits")  # fmt: skip
-    table = _table(title, ("layouts", "refit\ns", "wire\nfloor s", "refit/\nfloor", "+local\nfloor s",
-                           "refit/\n(+local)", "sent\nMB", "local\nMB", "exact"))  # fmt: skip
-    for row in report["rows"]:
-        ours = row["ours"] or {}
-        table.add_row(
-            _pair(row),
-            _seconds(ours.get("refit_seconds")),
-            _seconds(ours.get("floor_seconds")),
-            _ratio(row, "floor_ratio"),
-            _seconds(ours.get("floor_with_local_seconds")),
-            _ratio(row, "floor_with_local_ratio"),
-            f"{ours['bytes_remote'] / 1e6:.0f}" if ours else "-",
-            f"{ours['bytes_local'] / 1e6:.0f}" if ours else "-",
-            ("yes" if ours["verified"] else "NO") if ours else "-",
-        )
+    headers = ("refit\ns", "wire\nfloor s", "refit/\nfloor", "+local\nfloor s", "refit/\n(+local)",
+               "sent\nMB", "local\nMB", "exact")  # fmt: skip
+    rows = report["rows"]
     out = console()
-    out.print(table)
-    if any("layout_floor_ratio" in row for row in report["rows"]):
-        out.print(_layout_table(report))
-    if any("gloo_speedup" in row for row in report["rows"]):
-        out.print(_gloo_table(report))
+    out.print(_table(title, headers, rows, _floor_cells))
+    if any("layout_floor_ratio" in row for row in rows):
+        headers = ("refit\ns", "+local\nfloor s", "layout\nfloor s", "refit/\nlayout", "copied\nMB")
+        out.print(_table("against the copies these layouts force (same run)", headers, rows, _layout_cells))
+    if any("gloo_speedup" in row for row in rows):
+        name = o["transport"]
+        headers = (f"{name}\ns", "gloo\ns", "gloo/\n" + name, "memcpy\nfloor s", f"{name}/\nfloor")
+        out.print(_table(f"{name} against gloo and against the memcpy floor (same run)", headers, rows,
+                         _gloo_cells))  # fmt: skip
     if report["megatron_core"]:
-        out.print(_megatron_table(report))
+        headers = ("reshard\ns", "Megatron-\nCore s", "speed-\nup", "bound", "of\nbound")
+        table = _table("against Megatron-Core's refit (same model, layouts and transport)", headers, rows,
+                       _megatron_cells)  # fmt: skip
+        table.columns[2].no_wrap = False  # "did not finish in N s" folds
+        out.print(table)
 
 
-def _gloo_table(report: dict[str, Any]) -> Table:
-    """The transport against gloo on the same models and against the memcpy floor (one copy per
-    received or local byte, no transport), all in the same run."""
-    name = report["options"]["transport"]
-    columns = ("layouts", f"{name}\ns", "gloo\ns", "gloo/\n" + name, "memcpy\nfloor s", f"{name}/\nfloor")
-    table = _table(f"{name} against gloo and against the memcpy floor (same run)", columns)
-    for row in report["rows"]:
-        ours = row["ours"] or {}
-        table.add_row(
-            _pair(row),
-            _seconds(ours.get("refit_seconds")),
-            _seconds(ours.get("gloo_seconds")),
-            _ratio(row, "gloo_speedup"),
-            _seconds(ours.get("memcpy_floor_seconds")),
-            _ratio(row, "memcpy_ratio"),
-        )
-    return table
+def _floor_cells(row: dict[str, Any], ours: dict[str, Any]) -> list[str]:
+    """Our refit against the wire floor and the floor with local copies, the volumes, and the check."""
+    return [
+        _seconds(ours.get("refit_seconds")),
+        _seconds(ours.get("floor_seconds")),
+        _ratio(row, "floor_ratio"),
+        _seconds(ours.get("floor_with_local_seconds")),
+        _ratio(row, "floor_with_local_ratio"),
+        f"{ours['bytes_remote'] / 1e6:.0f}" if ours else "-",
+        f"{ours['bytes_local'] / 1e6:.0f}" if ours else "-",
+        ("yes" if ours["verified"] else "NO") if ours else "-",
+    ]
 
 
-def _layout_table(report: dict[str, Any]) -> Table:
+def _layout_cells(row: dict[str, Any], ours: dict[str, Any]) -> list[str]:
     """The refit against the layout floor: the wire round with the copies these layouts force (local
     regions view to view, strided remote regions packed or unpacked once) instead of one memcpy."""
-    columns = ("layouts", "refit\ns", "+local\nfloor s", "layout\nfloor s", "refit/\nlayout", "copied\nMB")
-    table = _table("against the copies these layouts force (same run)", columns)
-    for row in report["rows"]:
-        ours = row["ours"] or {}
-        table.add_row(
-            _pair(row),
-            _seconds(ours.get("refit_seconds")),
-            _seconds(ours.get("floor_with_local_seconds")),
-            _seconds(ours.get("layout_floor_seconds")),
-            _ratio(row, "layout_floor_ratio"),
-            f"{ours['layout_copy_bytes'] / 1e6:.0f}" if "layout_copy_bytes" in ours else "-",
-        )
-    return table
+    return [
+        _seconds(ours.get("refit_seconds")),
+        _seconds(ours.get("floor_with_local_seconds")),
+        _seconds(ours.get("layout_floor_seconds")),
+        _ratio(row, "layout_floor_ratio"),
+        f"{ours['layout_copy_bytes'] / 1e6:.0f}" if "layout_copy_bytes" in ours else "-",
+    ]
 
 
-def _megatron_table(report: dict[str, Any]) -> Table:
+def _gloo_cells(row: dict[str, Any], ours: dict[str, Any]) -> list[str]:
+    """The transport against gloo on the same models and against the memcpy floor (one copy per
+    received or local byte, no transport), all in the same run."""
+    return [
+        _seconds(ours.get("refit_seconds")),
+        _seconds(ours.get("gloo_seconds")),
+        _ratio(row, "gloo_speedup"),
+        _seconds(ours.get("memcpy_floor_seconds")),
+        _ratio(row, "memcpy_ratio"),
+    ]
+
+
+def _megatron_cells(row: dict[str, Any], ours: dict[str, Any]) -> list[str]:
     """Megatron-Core's refit, our speed-up over it, the bound (its time over the +local floor: the
     most any refit of these volumes could show) and the share of the bound reached."""
-    columns = ("layouts", "reshard\ns", "Megatron-\nCore s", "speed-\nup", "bound", "of\nbound")
-    table = _table("against Megatron-Core's refit (same model, layouts and transport)", columns)
-    table.columns[2].no_wrap = False  # "did not finish in N s" folds
-    for row in report["rows"]:
-        ours = row["ours"] or {}
-        table.add_row(_pair(row), _seconds(ours.get("refit_seconds")), *_megatron_cells(row))
-    return table
-
-
-def _megatron_cells(row: dict[str, Any]) -> list[str]:
+    refit = _seconds(ours.get("refit_seconds"))
     megatron = row["megatron"]
     if megatron is None:
-        return ["-", "-", "-", "-"]
+        return [refit, "-", "-", "-", "-"]
     if not megatron["finished"]:
-        return [f"did not finish in {megatron['deadline']:g} s", "-", "-", "-"]
+        return [refit, f"did not finish in {megatron['deadline']:g} s", "-", "-", "-"]
     exact = "" if megatron["verified"] else " (NOT exact)"
     return [
+        refit,
         f"{megatron['seconds']:.3f}{exact}",
         f"{row['speedup']:.1f}×" if "speedup" in row else "-",
         f"{row['speedup_bound']:.1f}×" if "speedup_bound" in row else "-",

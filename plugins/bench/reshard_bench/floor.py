@@ -46,8 +46,8 @@ def pair_volumes(plan: RankPlan) -> tuple[dict[int, int], dict[int, int]]:
 
 class WireFloor:
     """One preallocated, pre-touched buffer per peer and direction; ``run()`` moves them all in one
-    round of ``transport`` (a collective with every peer of the plan). ``local`` bytes are copied
-    by ``run(with_local=True)`` while the round is on the wire, or ``during()`` runs then."""
+    round of ``transport`` (a collective with every peer of the plan), running ``during()`` while the
+    round is on the wire: e.g. ``copy_local``, one memcpy of ``local`` bytes."""
 
     def __init__(
         self, transport: CopyService, rank: int, sends: dict[int, int], recvs: dict[int, int], local: int = 0
@@ -64,14 +64,16 @@ class WireFloor:
         """Bytes this rank sends per round."""
         return sum(b.numel() for b in self.sends.values())
 
-    def run(self, with_local: bool = False, during: Callable[[], None] | None = None) -> None:
+    def copy_local(self) -> None:
+        """One memcpy of the plan's local-copy volume."""
+        self.local_dst.copy_(self.local_src)
+
+    def run(self, during: Callable[[], None] | None = None) -> None:
         for peer, buf in self.sends.items():
             self.transport.submit_send(buf, peer, message_task_id(0, self.rank, peer))
         for peer, buf in self.recvs.items():
             self.transport.submit_recv(buf, peer, message_task_id(0, peer, self.rank))
         flight = self.transport.start()
-        if with_local:  # while the round is on the wire
-            self.local_dst.copy_(self.local_src)
         if during is not None:
             during()
         flight.wait()

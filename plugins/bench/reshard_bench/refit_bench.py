@@ -144,8 +144,8 @@ def _ours(models, opts: BenchOptions) -> dict[str, Any]:
     for _ in range(opts.warmup):
         session.refit()
         floor.run()
-        floor.run(True)
-        floor.run(during=copies.run)
+        floor.run(floor.copy_local)
+        floor.run(copies.run)
         memcpy.run()
         if gloo is not None:
             gloo.refit()
@@ -154,8 +154,8 @@ def _ours(models, opts: BenchOptions) -> dict[str, Any]:
     for _ in range(opts.reps):
         runs.append(timed(session.refit))
         floor_runs.append(timed(floor.run)[1])
-        with_local.append(timed(lambda: floor.run(True))[1])
-        layout_runs.append(timed(lambda: floor.run(during=copies.run))[1])
+        with_local.append(timed(lambda: floor.run(floor.copy_local))[1])
+        layout_runs.append(timed(lambda: floor.run(copies.run))[1])
         memcpy_runs.append(timed(memcpy.run)[1])
         if gloo is not None:
             gloo_runs.append(timed(gloo.refit)[1])
