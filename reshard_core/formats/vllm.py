@@ -308,14 +308,16 @@ class VLLMFormat(ModelFormat):
         buffers the convention does not know are returned as ``unmapped``; integer buffers (vLLM's
         expert maps) and attention layers' kv-cache scales are no weights and are left alone.
         """
-        if isinstance(model, (list, tuple)):
-            if len(model) != 1:
-                raise FormatError(f"format 'vllm': expected one model, got {len(model)} pipeline chunks")
-            model = model[0]
-        model = unwrap(model)
-        table = _table(getattr(model, "config", None), parallel_of(model), context.rank)
+        model = _one_model(model)
+        return self.resolve(model, dict(weights_of(model)), context.rank)
+
+    def resolve(self, model: Any, weights: dict[str, torch.Tensor], rank: int | None) -> FormatSpecs:
+        """``logical_specs`` of ``model`` (its config and parallel description) over ``weights``
+        (qualname → tensor: the live ones, or meta tensors of the checkpoint layout, which an
+        engine checks before any update)."""
+        table = _table(getattr(model, "config", None), parallel_of(model), rank)
         params = {}
-        for qualname, tensor, _ in iter_tensors(model):
+        for qualname, tensor in weights.items():
             if not isinstance(tensor, torch.nn.Parameter) and not tensor.is_floating_point():
                 continue  # an index buffer (FusedMoE's expert map), not a weight
             if _is_runtime_scale(qualname):
@@ -323,6 +325,19 @@ class VLLMFormat(ModelFormat):
             name = strip_wrappers(qualname)
             params[name.replace(_ROUTED, ".experts.") if _ROUTED in name else name] = (qualname, tensor)
         return table.resolve(params)
+
+
+def weights_of(model: Any) -> list[tuple[str, torch.Tensor]]:
+    """``(qualname, tensor)`` of every parameter and persistent buffer of ``model``."""
+    return [(qualname, tensor) for qualname, tensor, _ in iter_tensors(model)]
+
+
+def _one_model(model: Any) -> Any:
+    if isinstance(model, (list, tuple)):
+        if len(model) != 1:
+            raise FormatError(f"format 'vllm': expected one model, got {len(model)} pipeline chunks")
+        model = model[0]
+    return unwrap(model)
 
 
 def _is_runtime_scale(qualname: str) -> bool:

@@ -35,7 +35,7 @@ from reshard_core import MissingDependency, ReshardError
 from reshard_core.formats import declare_vllm
 
 from . import rpc_guard
-from .layout import engine_parallel
+from .layout import check_refittable, engine_parallel
 from .plugin import INSTALL_VLLM
 from .reload import InPlaceUpdate, LayerwiseUpdate
 from .verdict import SUPERSEDED_KEY, Verdict, agree, failed, ok
@@ -113,6 +113,12 @@ class ReshardWeightTransferEngine(WeightTransferEngine[ReshardInitInfo, ReshardU
             )
             reshard_core.TransferGroup.refuse(info.master_address, info.master_port, reason)  # no waiting
             raise ReshardError(reason)
+        try:
+            check_refittable(self.model, dist.get_rank())
+        except Exception as exc:  # refused before the trainer sends anything: it learns why at init
+            reason = f"reshard: this engine cannot be refit: {rpc_guard.one_line(exc)}"
+            reshard_core.TransferGroup.refuse(info.master_address, info.master_port, reason)
+            raise ReshardError(reason) from exc
         self._leave(superseded_by=f"{info.master_address}:{info.master_port}")
         trainers, workers = info.trainer_world_size, dist.get_world_size()
         self.group = reshard_core.TransferGroup.join(
@@ -152,9 +158,11 @@ class ReshardWeightTransferEngine(WeightTransferEngine[ReshardInitInfo, ReshardU
             mine = ok(report.bytes_received, self._held)
         except Exception as exc:  # every rank must learn it: the error goes to the verdict
             mine = failed(exc)
-        finally:
-            if update is not None:  # the buffers keep what arrived; the live weights are untouched
+        if update is not None:  # the buffers keep what arrived; the live weights are untouched
+            try:
                 update.rollback()
+            except Exception as exc:  # still agreed below: every rank of the group waits for this rank
+                mine = failed(exc) if mine.startswith("ok") else mine
         self.last = agree(self.group, mine, what="vLLM weight update")
         if self.last.failures:
             raise ReshardError(self.last.message())

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from reshard_core import FormatError
+from reshard_core import FormatError, ReshardError
 from reshard_core.formats import VOCAB_PADDING, VLLMParallel
 
 
@@ -106,3 +106,47 @@ def parallel_from_vllm(model: Any = None) -> VLLMParallel:
             placement = str(getattr(module, "expert_placement_strategy", "linear") or "linear")
             break
     return VLLMParallel(groups, use_ep, placement)
+
+
+def check_refittable(model: Any, rank: int) -> None:
+    """Raise ``ReshardError`` when format "vllm" cannot refit this live vLLM ``model`` on vLLM rank
+    ``rank``: its model type or sizes have no mapping, its checkpoint-layout parameters are not the
+    ones the format derives from its config (names and local shapes, all listed), or an attention
+    backend keeps no weights to refit. Checked when a trainer initialises, before any data moves."""
+    from reshard_core.formats import VLLMFormat, declare_vllm
+
+    from .reload import checkpoint_weights
+
+    backend = refused_backend(model)
+    if backend:
+        raise ReshardError(backend)
+    declare_vllm(model, engine_parallel(model, rank))
+    found = VLLMFormat().resolve(model, checkpoint_weights(model), rank)
+    if found.unmapped:
+        more = len(found.unmapped) - 6
+        names = ", ".join(found.unmapped[:6]) + (f" (and {more} more)" if more > 0 else "")
+        model_type = getattr(getattr(model, "config", None), "model_type", None)
+        raise ReshardError(
+            f"format 'vllm' maps no logical tensor to {len(found.unmapped)} parameter"
+            f"{'s' if len(found.unmapped) != 1 else ''} of this {model_type!r} engine: {names}"
+        )
+
+
+REFUSED_BACKENDS = {
+    "AMX_MLA": (
+        "it packs kv_b_proj into its own kernel and frees the weight, so there is nothing to refit in "
+        "place; start the engine with --attention-backend CPU_MLA"
+    ),
+}
+"""vLLM attention backends whose layers keep no refittable weights, and what to choose instead."""
+
+
+def refused_backend(model: Any) -> str:
+    """Why an attention backend of ``model`` cannot be refit ("" when none is refused)."""
+    for name, layer in model.named_modules():
+        backend = getattr(layer, "attn_backend", None)
+        get_name = getattr(backend, "get_name", None)
+        chosen = get_name() if callable(get_name) else None
+        if chosen in REFUSED_BACKENDS:
+            return f"reshard: layer {name} uses vLLM's {chosen} attention backend: {REFUSED_BACKENDS[chosen]}"
+    return ""

@@ -6,11 +6,16 @@ checkpoint layout (vLLM-named, TP-local, fused, padded) and be processed again. 
 
 1. ``open()``: ``initialize_layerwise_reload`` puts every layer's parameters on meta in checkpoint
    shapes; each layer with tensors of its own is materialized, its parameters backed by receive
-   buffers kept across updates (same storage every time, so a refit's prepared plan is reused);
+   buffers kept across updates (same storage every time, so a refit's prepared plan is reused).
+   vLLM leaves some parameters live through a reload (every ``bias``, a router's
+   ``e_score_correction_bias``): those are replaced on the layer by stand-ins backed by their receive
+   buffers, never re-pointed, so nothing written during the update reaches a tensor the engine serves;
 2. the caller writes every parameter (a refit into the model);
 3. ``commit()`` processes each layer (``process_weights_after_loading``, copy into the original
-   kernel tensors) and finalizes; ``rollback()`` puts every layer's original tensors back with their
-   old values and finalizes, leaving what arrived in the buffers.
+   kernel tensors, live ones included) and finalizes, which re-derives what attention layers compute
+   from the weights (MLA's ``W_UK_T``/``W_UV``); ``rollback()`` puts every layer's original tensors
+   back with their old values, attention layers included, without processing anything, and
+   finalizes, leaving what arrived in the buffers.
 
 Nothing else runs in between (each of open-write-rollback and open-commit happens inside one RPC),
 so generation never sees meta parameters or a half-updated model. The engine receives with the
@@ -34,6 +39,8 @@ class LayerwiseUpdate:
         self.layers: list[tuple[torch.nn.Module, Any]] = []
         self.constant: list[tuple[torch.nn.Module, Any]] = []
         """Armed layers with buffers but no parameters (rotary caches): they get their own back."""
+        self.attention: list[tuple[torch.nn.Module, Any]] = []
+        """Armed attention layers: a commit has finalize re-derive their weights, a rollback does not."""
         self.open_ = False
 
     def open(self) -> None:
@@ -47,16 +54,25 @@ class LayerwiseUpdate:
         self.open_ = True
         for prefix, layer in self.model.named_modules():
             info = get_layerwise_info(layer)
-            if not info.can_load() or is_deferred_attention_layer(layer):
+            if not info.can_load():
                 continue
-            own = dict(layer.named_parameters(recurse=False))
-            if not own:
+            if is_deferred_attention_layer(layer):  # processed by finalize, after every other layer
+                self.attention.append((layer, info))
+                continue
+            if next(layer.named_parameters(recurse=False), None) is None:
                 if next(layer.named_buffers(recurse=False), None) is not None:
                     self.constant.append((layer, info))
                 continue
             materialize_layer(layer, info)
-            for name, param in layer.named_parameters(recurse=False):
-                param.data = _receive_buffer(self.buffers, f"{prefix}.{name}" if prefix else name, param)
+            live = info.kernel_tensors[0] if info.kernel_tensors is not None else {}
+            for name, param in list(layer.named_parameters(recurse=False)):
+                kept = live.get(name) is param  # vLLM kept it live: the engine serves it, never write it
+                key = f"{prefix}.{name}" if prefix else name
+                buffer = _receive_buffer(self.buffers, key, param, initial=param if kept else None)
+                if kept:
+                    layer.register_parameter(name, _stand_in(param, buffer))
+                else:
+                    param.data = buffer
             self.layers.append((layer, info))
 
     def commit(self) -> None:
@@ -69,8 +85,9 @@ class LayerwiseUpdate:
             self._finalize()
 
     def rollback(self) -> None:
-        """Finalize without processing: every layer gets its original tensors and values back."""
-        self._finalize(restore=self.layers)
+        """Finalize without processing: every layer, attention layers included, gets its original
+        tensors and values back (derived ones, such as MLA's absorbed matrices, are not recomputed)."""
+        self._finalize(restore=[*self.layers, *self.attention])
 
     def _finalize(self, restore: list[tuple[torch.nn.Module, Any]] | None = None) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
@@ -84,13 +101,28 @@ class LayerwiseUpdate:
             finalize_layerwise_reload(self.model, self.model_config)
 
 
-def _receive_buffer(buffers: dict[str, torch.Tensor], name: str, like: torch.Tensor) -> torch.Tensor:
+def _receive_buffer(
+    buffers: dict[str, torch.Tensor], name: str, like: torch.Tensor, initial: torch.Tensor | None = None
+) -> torch.Tensor:
     """The receive buffer of parameter ``name``, kept in ``buffers`` across updates (same storage
-    every time, so a refit's prepared plan is reused) while its shape, dtype and device stay."""
+    every time, so a refit's prepared plan is reused, and what it holds is what arrived last) while
+    its shape, dtype and device stay. A new one starts as a copy of ``initial`` when given."""
     buf = buffers.get(name)
     if buf is None or (buf.shape, buf.dtype, buf.device) != (like.shape, like.dtype, like.device):
         buf = buffers[name] = torch.empty(like.shape, dtype=like.dtype, device=like.device)
+        if initial is not None:
+            with torch.no_grad():
+                buf.copy_(initial)
     return buf
+
+
+def _stand_in(live: torch.nn.Parameter, buffer: torch.Tensor) -> torch.nn.Parameter:
+    """A parameter like ``live`` (class and attributes, its weight loader included) backed by
+    ``buffer``."""
+    out = torch.nn.Parameter(buffer, requires_grad=False)
+    out.__class__ = live.__class__
+    out.__dict__ = live.__dict__.copy()
+    return out
 
 
 def _forget_cpu_moe_kernel(layer: torch.nn.Module) -> None:
@@ -155,3 +187,24 @@ class InPlaceUpdate:
         for param, live in self.live:
             param.data = live
         self.live = []
+
+
+def checkpoint_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every tensor of ``model`` in its checkpoint layout (qualname → tensor, meta where vLLM recorded
+    only the layout): what a reload's receive buffers will be, known before any update opens.
+
+    vLLM records each layer's checkpoint-layout tensors on meta when it loads the model (its kernels
+    may since hold them repacked); the tensors it keeps live through a reload (biases, routers'
+    correction biases) are taken as they are.
+    """
+    from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
+
+    out: dict[str, torch.Tensor] = {}
+    for prefix, layer in model.named_modules():
+        recorded_params, recorded_buffers = get_layerwise_info(layer).restore_metadata
+        live = {**dict(layer.named_parameters(recurse=False)), **dict(layer.named_buffers(recurse=False))}
+        for name, tensor in {**live, **recorded_buffers, **recorded_params}.items():
+            if name in layer._non_persistent_buffers_set:
+                continue
+            out[f"{prefix}.{name}" if prefix else name] = tensor
+    return out

@@ -96,7 +96,10 @@ class ReshardTrainerWeightTransferEngine(TrainerWeightTransferEngine[ReshardTrai
                 )  # fmt: skip
             except ReshardError as exc:
                 call.wait()  # the engine's own error names the cause (a worker that failed to join)
-                raise ReshardError(f"reshard: trainer_init failed: {exc}{call.failure_note()}") from exc
+                note = call.failure_note()
+                if note and str(exc).partition(": ")[2] in note:  # the engine refused: said once is enough
+                    note = ""
+                raise ReshardError(f"reshard: trainer_init failed: {exc}{note}") from exc
             call.wait()
         mine = call.outcome("init_weight_transfer_engine")
         if engine.is_sender and not mine:  # a trainer that died while the engine was paused left it so
