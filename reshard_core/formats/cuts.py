@@ -11,8 +11,9 @@ model's config and the engine's parallel arrangement, into an ``EngineTable`` fo
   once, a source never reads them).
 
 A cut is a tuple of views taken in order: ``Select(dim, index)`` (one index of a stacked dim,
-dropped: an expert of ``w13_weight [E, 2I, H]``) and ``Narrow(dim, start, size)`` (a stretch: the
-``q`` rows of a fused ``qkv_proj``). ``()`` is the whole parameter.
+dropped: an expert of ``w13_weight [E, 2I, H]``), ``Narrow(dim, start, size)`` (a stretch: the
+``q`` rows of a fused ``qkv_proj``) and ``Every(dim, start, step)`` (every ``step``-th index from
+``start``: GPT-OSS's gate rows, interleaved with its up rows). ``()`` is the whole parameter.
 
 Building: ``layout`` (one object per distinct layout, which the exchange interns), ``param``,
 ``piece``, ``whole``, ``unpadded``, ``divided``. Using: ``specs`` lists the logical specs without
@@ -46,6 +47,20 @@ class Narrow:
 
 
 @dataclass(frozen=True)
+class Every:
+    """Every ``step``-th index of dim ``dim`` from ``start`` (a strided view)."""
+
+    dim: int
+    start: int
+    step: int
+
+    def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
+        index = [slice(None)] * tensor.dim()
+        index[self.dim] = slice(self.start, None, self.step)
+        return tensor[tuple(index)]
+
+
+@dataclass(frozen=True)
 class Select:
     """Index ``index`` of dim ``dim``, which is dropped."""
 
@@ -56,7 +71,7 @@ class Select:
         return tensor.select(self.dim, self.index)
 
 
-Cut = tuple[Narrow | Select, ...]
+Cut = tuple[Narrow | Select | Every, ...]
 """Views taken in order of a local parameter; ``()`` is the whole of it."""
 
 
@@ -77,6 +92,8 @@ class Piece:
     layout: Layout
     param: str
     cut: Cut | None  # None: this rank holds none of it (or no rank was given)
+    dtype: torch.dtype | None = None
+    """The dtype the engine keeps it in whatever the model's (a router's fp32 bias); None: the model's."""
 
 
 class EngineTable:
@@ -113,21 +130,42 @@ class EngineTable:
         if self.rank is not None:
             self.params[name] = local_shape
 
-    def piece(self, name: str, shape: tuple[int, ...], layout: Layout, param: str, cut: Cut = ()) -> None:
+    def piece(
+        self,
+        name: str,
+        shape: tuple[int, ...],
+        layout: Layout,
+        param: str,
+        cut: Cut = (),
+        dtype: torch.dtype | None = None,
+    ) -> None:
         """Logical tensor ``name`` (global ``shape``, ``layout``): on a rank holding part of it,
-        that part is ``cut`` of ``param``."""
-        self.pieces.append(Piece(name, shape, layout, param, cut if self.holds(layout) else None))
+        that part is ``cut`` of ``param``. ``dtype``: the engine keeps it in this dtype whatever
+        the model's (offline specs only; a live piece has its tensor's)."""
+        self.pieces.append(Piece(name, shape, layout, param, cut if self.holds(layout) else None, dtype))
 
-    def whole(self, name: str, shape: tuple[int, ...], layout: Layout) -> None:
-        """A parameter that is its own logical tensor, whole on every rank of ``layout``."""
+    def whole(
+        self,
+        name: str,
+        shape: tuple[int, ...],
+        layout: Layout,
+        param: str = "",
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        """A parameter (``param``, default ``name``) that is the logical tensor ``name``, whole on every
+        rank of ``layout``."""
+        param = param or name
         if self.holds(layout):
-            self.param(name, shape)
-        self.piece(name, shape, layout, name)
+            self.param(param, shape)
+        self.piece(name, shape, layout, param, (), dtype)
 
-    def unpadded(self, name: str, padded: tuple[int, ...], layout: Layout, dim: int, size: int) -> None:
-        """Parameter ``name`` is a tensor of global shape ``padded`` laid out as ``layout`` whose
-        first ``size`` indices along ``dim`` are the logical tensor ``name``; the rest is padding.
-        The parameter itself is declared with ``param``."""
+    def unpadded(
+        self, name: str, padded: tuple[int, ...], layout: Layout, dim: int, size: int, param: str = ""
+    ) -> None:
+        """Parameter ``param`` (default ``name``) is a tensor of global shape ``padded`` laid out as
+        ``layout`` whose first ``size`` indices along ``dim`` are the logical tensor ``name``; the
+        rest is padding. The parameter itself is declared with ``param``."""
+        param = param or name
         physical = TensorSpec(TensorMeta(name, padded, torch.float32), layout, None)
         logical = unpad(physical, dim, size, name, -1)[0]
         shape = logical.meta.shape
@@ -136,8 +174,13 @@ class EngineTable:
             keep = logical.layout.local_shape(shape, self.rank)[dim]
             held = layout.local_shape(padded, self.rank)[dim]
             if keep < held:
-                self.padding.append((name, (Narrow(dim, keep, held - keep),)))
-        self.piece(name, shape, logical.layout, name, (Narrow(dim, 0, keep),))
+                self.padding.append((param, (Narrow(dim, keep, held - keep),)))
+        self.piece(name, shape, logical.layout, param, (Narrow(dim, 0, keep),))
+
+    def pad(self, param: str, cut: Cut = ()) -> None:
+        """``cut`` of parameter ``param`` is padding on this rank (zero-filled, never sent)."""
+        if self.rank is not None:
+            self.padding.append((param, cut))
 
     def divided(self, what: str, n: int, by: int, by_what: str = "the TP size") -> int:
         """``n // by``; ``FormatError`` naming both when ``by`` does not divide ``n``."""
@@ -150,7 +193,7 @@ class EngineTable:
     def specs(self, dtype: torch.dtype) -> list[TensorSpec]:
         """The logical specs, without tensors: every one without a rank, else those it holds."""
         return [
-            TensorSpec(TensorMeta(p.name, p.shape, dtype), p.layout, None)
+            TensorSpec(TensorMeta(p.name, p.shape, p.dtype or dtype), p.layout, None)
             for p in self.pieces
             if self.rank is None or p.cut is not None
         ]

@@ -65,7 +65,7 @@ from ..errors import FormatError
 from ..extract import ExtractContext, unwrap
 from ..specs import TensorSpec
 from .base import ModelFormat
-from .megatron_config import MegatronConfig, check_model
+from .megatron_config import MegatronConfig, check_model, megatron_family
 from .pieces import halves, regroup, rename, split, unpad
 
 __all__ = ["MegatronConfig", "MegatronFormat", "megatron_logical_specs"]
@@ -146,22 +146,25 @@ def _vocab(spec: TensorSpec, logical: str, config: MegatronConfig, rank: int) ->
 def _layer(
     spec: TensorSpec, prefix: str, rest: str, config: MegatronConfig, rank: int
 ) -> list[Mapped] | None:
-    if rest in _LAYER_RENAMES:
-        name = prefix + _LAYER_RENAMES[rest]
+    family = megatron_family(config.family)
+    moved = family.megatron_moves(spec, prefix, rest, config, rank)
+    if moved is not None:
+        return moved
+    renamed = family.megatron_names.get(rest) or _LAYER_RENAMES.get(rest)
+    if renamed:
+        name = prefix + renamed
         if config.rotary_interleaved and rest in _QK_NORMS:  # normalises the head dim rope then rotates
             return [halves(spec, 0, config.kv_channels, name)]
         return [rename(spec, name)]
     if rest in _QKV:
         return _qkv(spec, prefix, rest.rsplit(".", 1)[1], config, rank)
-    if rest == "mlp.shared_experts.gate_weight" and config.shared_expert_gate:
-        return [rename(spec, f"{prefix}mlp.shared_expert_gate.weight")]
     found = _FFN.match(rest) or _GROUPED.match(rest)
     if found is None:
         return None
     if found["e"] is not None:
         where = f"mlp.experts.{int(found['e'])}."
-    elif found.groupdict().get("where"):  # Qwen2-MoE gates its one shared expert; DeepSeek-V3 does not
-        where = "mlp.shared_expert." if config.shared_expert_gate else "mlp.shared_experts."
+    elif found.groupdict().get("where"):
+        where = family.megatron_shared_expert
     else:
         where = "mlp."
     kind = found["kind"]

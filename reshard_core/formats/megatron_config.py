@@ -1,8 +1,10 @@
 """What format "megatron" needs to know of a Megatron model, and the settings it refuses by name.
 
-``MegatronConfig.of`` reads a ``TransformerConfig`` (or anything with its field names) and refuses
-every weight-changing setting with no mapping (``_REFUSED``); ``check_model`` refuses the model-level
-ones outside the config. docs/formats-audit.md audits every setting.
+``MegatronConfig.of`` reads a ``TransformerConfig`` (or anything with its field names), finds the
+model's family (``families``: the one whose settings it uses, e.g. multi-latent attention is
+DeepSeek-V3's) and refuses every weight-changing setting with no mapping (``REFUSED``, unless the
+family maps it); ``check_model`` refuses the model-level ones outside the config.
+docs/formats-audit.md audits every setting.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import FormatError
+from .families import FAMILIES, Family
 
-_REFUSED: tuple[tuple[str, object, str], ...] = (
+REFUSED: tuple[tuple[str, object, str], ...] = (
     (
         "attention_output_gate",
         True,
@@ -37,8 +40,9 @@ _REFUSED: tuple[tuple[str, object, str], ...] = (
         "Qwen3-Next) pass MegatronFormat(norms_as_stored=True)",
     ),
 )
-"""``(TransformerConfig field, value, why)``: settings with no mapping, refused by name. The audit
-of every field is in docs/formats-audit.md."""
+"""``(TransformerConfig field, value, why)``: settings with no mapping, refused by name unless the
+model's family maps them (``Family.megatron_settings``). The audit of every field is in
+docs/formats-audit.md."""
 
 
 def refused(field: str, value: object, why: str) -> FormatError:
@@ -53,7 +57,8 @@ class MegatronConfig:
     ``vocab_size``: the real (unpadded) vocab, or None to take the model's as real.
     ``num_layers``: decoder layers (names multi-token-prediction layers ``N + k``; None: MTP unmapped).
     ``rotary_interleaved``: q/k rows hold each head's rotary pairs side by side (regrouped into HF's
-    halves). ``shared_expert_gate``: shared experts are gated, as in Qwen2-MoE (named like it).
+    halves). ``family``: the model family whose names the logical tensors take ("" for the shared
+    ones of Llama, Qwen2/3, Qwen3-MoE, GLM-4.5, DeepSeek-V3's MoE).
     """
 
     num_attention_heads: int
@@ -64,7 +69,7 @@ class MegatronConfig:
     num_layers: int | None = None
     vocab_size: int | None = None
     rotary_interleaved: bool = False
-    shared_expert_gate: bool = False
+    family: str = ""
 
     @classmethod
     def of(
@@ -77,14 +82,16 @@ class MegatronConfig:
     ) -> MegatronConfig:
         """From a ``TransformerConfig`` (or anything with its field names, or a ``MegatronConfig``);
         ``vocab_size`` and ``tied`` override. ``FormatError`` naming the field for a setting that is
-        not mapped (``_REFUSED``; ``norms_as_stored`` accepts zero-centered norm weights, moved as
+        not mapped (``REFUSED``; ``norms_as_stored`` accepts zero-centered norm weights, moved as
         stored) or for inconsistent heads."""
         if isinstance(config, MegatronConfig):
             base = config
         else:
-            for field, value, why in _REFUSED:
+            family = family_matching(config)
+            for field, value, why in REFUSED:
                 if getattr(config, field, None) == value and not (
-                    norms_as_stored and field == "layernorm_zero_centered_gamma"
+                    (norms_as_stored and field == "layernorm_zero_centered_gamma")
+                    or (field, value) in family.megatron_settings
                 ):
                     raise refused(field, value, why)
             heads = int(config.num_attention_heads)
@@ -100,7 +107,7 @@ class MegatronConfig:
                 ),
                 num_layers=int(layers) if layers is not None else None,
                 rotary_interleaved=bool(getattr(config, "rotary_interleaved", False)),
-                shared_expert_gate=bool(getattr(config, "moe_shared_expert_gate", False)),
+                family=family.name,
             )
         if vocab_size is not None:
             base = replace(base, vocab_size=int(vocab_size))
@@ -121,8 +128,10 @@ class MegatronConfig:
 
 def check_model(root: Any, config: Any) -> None:
     """Refuse, by name, model settings outside ``TransformerConfig``'s weight fields that would make
-    the mapped model compute something else than the HF families it maps to (whole-head RoPE,
-    SwiGLU), or that add weights the mapping has no rule for."""
+    the mapped model compute something else than its HF family (learned or no position embeddings,
+    another gated activation than the family's), or that add weights the mapping has no rule for.
+    ``rotary_percent`` adds no weight and is left to agree with the other side (GLM-4.5 rotates half
+    of each head)."""
     kind = getattr(root, "position_embedding_type", "rope")
     if kind in ("learned_absolute", "none"):
         why = (
@@ -131,12 +140,28 @@ def check_model(root: Any, config: Any) -> None:
             else "the HF families mapped here apply RoPE"
         )
         raise refused("position_embedding_type", kind, why)
-    percent = getattr(root, "rotary_percent", 1.0)
-    if percent != 1.0:
-        raise refused("rotary_percent", percent, "the HF families mapped here rotate whole heads")
     activation = getattr(config, "activation_func", None)
     name = getattr(activation, "__name__", repr(activation))
-    if activation is not None and getattr(config, "gated_linear_unit", False) and name != "silu":
-        raise refused(
-            "activation_func", name, "the gated MLPs of the HF families mapped here use SiLU (SwiGLU)"
-        )
+    family = family_matching(config)
+    if activation is not None and getattr(config, "gated_linear_unit", False):
+        if name not in family.megatron_activations:
+            which = f"family {family.name!r}" if family.name else "the HF families mapped here"
+            uses = " or ".join(ACTIVATIONS.get(a, a) for a in family.megatron_activations)
+            raise refused("activation_func", name, f"the gated MLPs of {which} use {uses}")
+
+
+ACTIVATIONS = {"silu": "SiLU (SwiGLU)", "quick_gelu": "quick_gelu with a clamp (GPT-OSS's SwiGLU)"}
+
+
+def family_matching(config: Any) -> Family:
+    """The family of a Megatron config: the first whose own settings it uses, else the shared names."""
+    return next((f for f in FAMILIES if f.megatron_matches(config)), _SHARED)
+
+
+def megatron_family(name: str) -> Family:
+    """The family called ``name`` ("": the shared names)."""
+    return next((f for f in FAMILIES if f.name == name), _SHARED)
+
+
+_SHARED = Family()
+"""The names every family shares (Megatron's ``GPTModel`` as Llama names it)."""

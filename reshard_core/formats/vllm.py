@@ -38,18 +38,18 @@ tensors (``rank=None``: every logical tensor), for an integrator planning offlin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..errors import FormatError
 from ..extract import ExtractContext, iter_tensors, strip_wrappers, unwrap
-from ..layout import Layout, Placement, Replicate, Shard
 from ..specs import TensorSpec
 from .base import FormatSpecs, ModelFormat
-from .cuts import EngineTable, Narrow, Select
+from .cuts import EngineTable
+from .families import family_of
 from .registry import declare_format
+from .vllm_blocks import VOCAB_PADDING, VLLMBlocks
 from .vllm_parallel import PARALLEL_ATTR, VLLMParallel, parallel_of
 
 __all__ = [
@@ -62,205 +62,14 @@ __all__ = [
     "vllm_param_shapes",
 ]
 
-VOCAB_PADDING = 64
-"""vLLM's ``DEFAULT_VOCAB_PADDING_SIZE``: the vocab is padded to a multiple of it, then split over TP."""
-
-MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
 _ROUTED = ".experts.routed_experts."
 
 
-@dataclass(frozen=True)
-class _Dims:
-    """What the convention needs from a transformers config."""
-
-    model_type: str
-    vocab: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    inter: int
-    layers: int
-    experts: int
-    moe_inter: int
-    moe_layers: frozenset[int]
-    qkv_bias: bool
-    o_bias: bool
-    mlp_bias: bool
-    qk_norm: bool
-    tied: bool
-
-    @classmethod
-    def of(cls, config: Any) -> _Dims:
-        model_type = getattr(config, "model_type", None)
-        if model_type not in MODEL_TYPES:
-            raise FormatError(f"format 'vllm' knows model types {', '.join(MODEL_TYPES)}, not {model_type!r}")
-        get = lambda key, default=None: getattr(config, key, default)  # noqa: E731
-        heads, layers = get("num_attention_heads"), get("num_hidden_layers")
-        experts = (get("num_experts") or 0) if model_type == "qwen3_moe" else 0
-        step, dense = get("decoder_sparse_step", 1) or 1, set(get("mlp_only_layers") or ())
-        moe = frozenset(n for n in range(layers) if experts and n not in dense and (n + 1) % step == 0)
-        attention_bias = bool(get("attention_bias", False))
-        return cls(
-            model_type=model_type,
-            vocab=get("vocab_size"),
-            hidden=get("hidden_size"),
-            heads=heads,
-            kv_heads=get("num_key_value_heads") or heads,
-            head_dim=get("head_dim") or get("hidden_size") // heads,
-            inter=get("intermediate_size"),
-            layers=layers,
-            experts=experts,
-            moe_inter=get("moe_intermediate_size") or 0,
-            moe_layers=moe,
-            qkv_bias=model_type == "qwen2" or attention_bias,
-            o_bias=model_type in ("llama", "mistral") and attention_bias,
-            mlp_bias=model_type in ("llama", "mistral") and bool(get("mlp_bias", False)),
-            qk_norm=model_type in ("qwen3", "qwen3_moe"),
-            tied=bool(get("tie_word_embeddings", False)),
-        )
-
-
-class _Builder:
-    """vLLM's naming, fusion and padding table for one rank (or none) of one config and arrangement."""
-
-    def __init__(self, dims: _Dims, par: VLLMParallel, rank: int | None) -> None:
-        self.c, self.par = dims, par
-        if rank is not None and rank not in par.ranks:
-            raise FormatError(f"format 'vllm': rank {rank} is not in the parallel description {par}")
-        self.flat = par.ranks.index(rank) if rank is not None else None  # this rank's index in par.ranks
-        self.t = EngineTable("vllm", rank, "the config and parallel description")
-
-    # ------------------------------------------------------------------ vLLM's layouts
-
-    def dense(self, placement: Placement) -> Layout:
-        """``placement`` over the TP group, replicated over DP replicas."""
-        par = self.par
-        if par.dp_size == 1:
-            return self.t.layout(par.tp_groups[0], (par.tp_size,), placement)
-        return self.t.layout(par.ranks, (par.dp_size, par.tp_size), Replicate(), placement)
-
-    def kv_replicated(self, groups: int) -> Layout:
-        """kv heads over ``groups`` blocks of ``T/groups`` consecutive TP ranks holding one head each."""
-        par = self.par
-        r = par.tp_size // groups
-        if par.dp_size == 1:
-            return self.t.layout(par.tp_groups[0], (groups, r), Shard(0), Replicate())
-        return self.t.layout(par.ranks, (par.dp_size, groups, r), Replicate(), Shard(0), Replicate())
-
-    def flat_layout(self, placement: Placement) -> Layout:
-        """``placement`` over every rank flattened (vLLM's MoE tensor parallelism, ``M = DP × TP``)."""
-        return self.t.layout(self.par.ranks, (len(self.par.ranks),), placement)
-
-    def whole(self, name: str, shape: tuple[int, ...]) -> None:
-        """A replicated parameter that is its own logical tensor."""
-        self.t.whole(name, shape, self.flat_layout(Replicate()))
-
-    # ------------------------------------------------------------------ the model
-
-    def build(self) -> EngineTable:
-        c = self.c
-        self.vocab("model.embed_tokens.weight")
-        for n in range(c.layers):
-            p = f"model.layers.{n}"
-            self.attention(f"{p}.self_attn")
-            if n in c.moe_layers:
-                self.moe(f"{p}.mlp")
-            else:
-                self.mlp(f"{p}.mlp", c.inter)
-            self.whole(f"{p}.input_layernorm.weight", (c.hidden,))
-            self.whole(f"{p}.post_attention_layernorm.weight", (c.hidden,))
-        self.whole("model.norm.weight", (c.hidden,))
-        if not c.tied:
-            self.vocab("lm_head.weight")
-        return self.t
-
-    def vocab(self, name: str) -> None:
-        c = self.c
-        padded = -(-c.vocab // VOCAB_PADDING) * VOCAB_PADDING
-        self.t.param(name, (self.t.divided("the padded vocab", padded, self.par.tp_size), c.hidden))
-        self.t.unpadded(name, (padded, c.hidden), self.dense(Shard(0)), 0, c.vocab)
-
-    def attention(self, p: str) -> None:
-        c, t = self.c, self.par.tp_size
-        h = c.head_dim
-        q = self.t.divided("num_attention_heads", c.heads, t)
-        if t <= c.kv_heads:
-            kv, kv_layout = self.t.divided("num_key_value_heads", c.kv_heads, t), self.dense(Shard(0))
-        else:
-            self.t.divided("the TP size", t, c.kv_heads, "num_key_value_heads")
-            kv, kv_layout = 1, self.kv_replicated(c.kv_heads)
-        rows = {"q_proj": (0, q * h), "k_proj": (q * h, kv * h), "v_proj": ((q + kv) * h, kv * h)}
-        full = {"q_proj": c.heads * h, "k_proj": c.kv_heads * h, "v_proj": c.kv_heads * h}
-        layouts = {"q_proj": self.dense(Shard(0)), "k_proj": kv_layout, "v_proj": kv_layout}
-        for kind, cols in (("weight", (c.hidden,)), ("bias", ())):
-            if kind == "bias" and not c.qkv_bias:
-                continue
-            param = f"{p}.qkv_proj.{kind}"
-            self.t.param(param, ((q + 2 * kv) * h, *cols))
-            for part, (start, n) in rows.items():
-                self.t.piece(
-                    f"{p}.{part}.{kind}", (full[part], *cols), layouts[part], param, (Narrow(0, start, n),)
-                )
-        o_proj = f"{p}.o_proj.weight"
-        self.t.param(o_proj, (c.hidden, q * h))
-        self.t.piece(o_proj, (c.hidden, c.heads * h), self.dense(Shard(1)), o_proj)
-        if c.o_bias:
-            self.whole(f"{p}.o_proj.bias", (c.hidden,))
-        if c.qk_norm:
-            self.whole(f"{p}.q_norm.weight", (h,))
-            self.whole(f"{p}.k_norm.weight", (h,))
-
-    def mlp(self, p: str, inter: int) -> None:
-        c = self.c
-        il = self.t.divided("intermediate_size", inter, self.par.tp_size)
-        for kind, cols in (("weight", (c.hidden,)), ("bias", ())):
-            if kind == "bias" and not c.mlp_bias:
-                continue
-            param = f"{p}.gate_up_proj.{kind}"
-            self.t.param(param, (2 * il, *cols))
-            for part, start in (("gate_proj", 0), ("up_proj", il)):
-                self.t.piece(
-                    f"{p}.{part}.{kind}", (inter, *cols), self.dense(Shard(0)), param, (Narrow(0, start, il),)
-                )
-        down = f"{p}.down_proj.weight"
-        self.t.param(down, (c.hidden, il))
-        self.t.piece(down, (c.hidden, inter), self.dense(Shard(1)), down)
-        if c.mlp_bias:
-            self.whole(f"{p}.down_proj.bias", (c.hidden,))
-
-    def moe(self, p: str) -> None:
-        c, par = self.c, self.par
-        self.whole(f"{p}.gate.weight", (c.experts, c.hidden))
-        w13, w2 = f"{p}.experts.w13_weight", f"{p}.experts.w2_weight"
-        if par.use_ep:
-            owned = par.experts_of(c.experts)
-            if self.flat is not None:
-                self.t.param(w13, (len(owned[self.flat]), 2 * c.moe_inter, c.hidden))
-                self.t.param(w2, (len(owned[self.flat]), c.hidden, c.moe_inter))
-            for j, experts in enumerate(owned):
-                whole = self.t.layout((par.ranks[j],), (1,), Replicate())  # the expert's one owner
-                for k, e in enumerate(experts):
-                    self.expert(p, e, whole, whole, Select(0, k), c.moe_inter)
-            return
-        il = self.t.divided("moe_intermediate_size", c.moe_inter, len(par.ranks), "DP × TP")
-        self.t.param(w13, (c.experts, 2 * il, c.hidden))
-        self.t.param(w2, (c.experts, c.hidden, il))
-        rows, cols = self.flat_layout(Shard(0)), self.flat_layout(Shard(1))
-        for e in range(c.experts):
-            self.expert(p, e, rows, cols, Select(0, e), il)
-
-    def expert(self, p: str, e: int, rows: Layout, cols: Layout, pick: Select, il: int) -> None:
-        """Expert ``e``'s gate/up (``rows`` layout) and down (``cols``) from ``pick`` of w13/w2."""
-        w13, w2, name = f"{p}.experts.w13_weight", f"{p}.experts.w2_weight", f"{p}.experts.{e}"
-        gate, down = (self.c.moe_inter, self.c.hidden), (self.c.hidden, self.c.moe_inter)
-        self.t.piece(f"{name}.gate_proj.weight", gate, rows, w13, (pick, Narrow(0, 0, il)))
-        self.t.piece(f"{name}.up_proj.weight", gate, rows, w13, (pick, Narrow(0, il, il)))
-        self.t.piece(f"{name}.down_proj.weight", down, cols, w2, (pick,))
-
-
 def _table(config: Any, parallel: VLLMParallel, rank: int | None) -> EngineTable:
-    return _Builder(_Dims.of(config), parallel, rank).build()
+    """The engine table of ``rank`` (None: every logical tensor) of a vLLM model of ``config``."""
+    blocks = VLLMBlocks(parallel, rank)
+    family_of(getattr(config, "model_type", None)).vllm(blocks, config)
+    return blocks.t
 
 
 def vllm_logical_specs(
