@@ -14,6 +14,7 @@ tensors it holds: the logical layout derived from the physical one, and the loca
 - ``regroup``: a dim made of blocks, of which each logical tensor takes the same stretch
   (Megatron's group-major ``linear_qkv``, also with TP > query groups or rotary pairs).
 - ``halves``: rotary pairs regrouped into halves along an unsharded dim (a q/k norm weight).
+- ``every``: every ``step``-th index of an unsharded dim (GPT-OSS's gate and up columns, interleaved).
 - ``unpad``: a padded dim whose first ``size`` indices are real (a vocab padded for TP); returns
   the local padding too, which a destination zero-fills once and a source never sends.
 
@@ -187,6 +188,21 @@ def halves(spec: TensorSpec, dim: int, head: int, name: str) -> TensorSpec:
     meta = TensorMeta(name, tuple(spec.meta.shape), spec.meta.dtype)
     tensor = _halves(_local(spec, name), dim, head) if spec.tensor is not None else None
     return TensorSpec(meta, spec.layout, tensor)
+
+
+def every(spec: TensorSpec, dim: int, start: int, step: int, name: str) -> TensorSpec:
+    """Every ``step``-th index of dim ``dim`` of ``spec`` from ``start``: one of ``step`` logical
+    tensors interleaved along it (a strided view); ``dim`` must not be sharded."""
+    if _cutting(spec.layout, dim) or spec.meta.shape[dim] % step or not 0 <= start < step:
+        raise FormatError(f"{spec.meta.name}: dim {dim} is not {step} unsharded tensors interleaved")
+    shape = tuple(n // step if d == dim else n for d, n in enumerate(spec.meta.shape))
+    tensor = None
+    if spec.tensor is not None:
+        local = _local(spec, name)
+        index = [slice(None)] * local.dim()
+        index[dim] = slice(start, None, step)
+        tensor = local[tuple(index)]
+    return TensorSpec(TensorMeta(name, shape, spec.meta.dtype), spec.layout, tensor)
 
 
 def _halves(t: torch.Tensor, dim: int, head: int, lead: int = 0) -> SplitView:

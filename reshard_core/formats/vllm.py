@@ -150,7 +150,10 @@ def _one_model(model: Any) -> Any:
 
 
 def _is_runtime_scale(qualname: str) -> bool:
-    """vLLM's ``Attention`` layers hold ``_k_scale``, ``_v_scale``, ``_q_scale``, ``_prob_scale``
-    as parameters; they scale a quantized kv cache, are no checkpoint weights and never refit."""
-    owner, _, last = qualname.rpartition(".")
-    return owner.endswith(".attn") and last.startswith("_") and last.endswith("_scale")
+    """vLLM's attention layers (``Attention``, MLA's ``MLAAttention``) hold ``_k_scale``, ``_v_scale``,
+    ``_q_scale``, ``_prob_scale``; they scale a quantized kv cache, are no checkpoint weights and
+    never refit."""
+    return qualname.rpartition(".")[2] in _RUNTIME_SCALES
+
+
+_RUNTIME_SCALES = frozenset({"_k_scale", "_v_scale", "_q_scale", "_prob_scale"})

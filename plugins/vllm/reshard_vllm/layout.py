@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 from reshard_core import FormatError, ReshardError
-from reshard_core.formats import VOCAB_PADDING, VLLMParallel
+from reshard_core.formats import VOCAB_PADDING, VLLMParallel, routed_experts
 
 
 def engine_parallel(model: Any, rank: int) -> VLLMParallel:
@@ -67,8 +67,8 @@ def _check(name: str, layer: Any, par: VLLMParallel, rank: int, config: Any) -> 
             out.append(f"{where} pads the vocabulary to {layer.num_embeddings_padded} rows from row "
                        f"{start}, expected {padded} from {tp_rank * per}")  # fmt: skip
     local = getattr(layer, "local_num_experts", None)
-    if isinstance(local, int) and config is not None and getattr(config, "num_experts", None):
-        experts = int(config.num_experts)
+    experts = routed_experts(config) if isinstance(local, int) and config is not None else 0
+    if experts:
         expected = len(par.experts_of(experts)[par.ranks.index(rank)]) if par.use_ep else experts
         if local != expected:
             out.append(f"{where} holds {local} experts, expected {expected}")

@@ -190,21 +190,22 @@ class InPlaceUpdate:
 
 
 def checkpoint_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every tensor of ``model`` in its checkpoint layout (qualname → tensor, meta where vLLM recorded
-    only the layout): what a reload's receive buffers will be, known before any update opens.
+    """Every tensor of ``model`` in its checkpoint layout (qualname → tensor, on meta where vLLM
+    recorded only the layout): what a reload's receive buffers will be, known before any update opens.
 
     vLLM records each layer's checkpoint-layout tensors on meta when it loads the model (its kernels
-    may since hold them repacked); the tensors it keeps live through a reload (biases, routers'
-    correction biases) are taken as they are.
+    may since hold them repacked, and tensors it derived, such as MLA's ``W_UK_T``, are no part of
+    it); the tensors a reload keeps live (biases, routers' correction biases) are taken as they are.
     """
     from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
+    from vllm.model_executor.model_loader.reload.meta import SKIP_TENSORS
 
     out: dict[str, torch.Tensor] = {}
     for prefix, layer in model.named_modules():
         recorded_params, recorded_buffers = get_layerwise_info(layer).restore_metadata
         live = {**dict(layer.named_parameters(recurse=False)), **dict(layer.named_buffers(recurse=False))}
-        for name, tensor in {**live, **recorded_buffers, **recorded_params}.items():
-            if name in layer._non_persistent_buffers_set:
-                continue
-            out[f"{prefix}.{name}" if prefix else name] = tensor
+        kept = {name: tensor for name, tensor in live.items() if name in SKIP_TENSORS}
+        for name, tensor in {**kept, **recorded_buffers, **recorded_params}.items():
+            if name not in layer._non_persistent_buffers_set:
+                out[f"{prefix}.{name}" if prefix else name] = tensor
     return out

@@ -52,10 +52,13 @@ class Family:
 
     # ------------------------------------------------------------------ vLLM
 
+    vllm_embedding: ClassVar[str] = "model.embed_tokens"
+    """vLLM's name of the embedding module (``model.embed_tokens`` in HF's names)."""
+
     def vllm(self, b: VLLMBlocks, c: Any) -> None:
         """The whole vLLM model of config ``c``: embedding, layers, final norm, head."""
         hidden = c.hidden_size
-        b.vocab("model.embed_tokens", "model.embed_tokens", c.vocab_size, hidden)
+        b.vocab(self.vllm_embedding, "model.embed_tokens", c.vocab_size, hidden)
         for n in range(c.num_hidden_layers):
             p = f"model.layers.{n}"
             self.vllm_attention(b, c, n, p)
@@ -65,6 +68,10 @@ class Family:
         b.norm("model.norm", hidden)
         if not get(c, "tie_word_embeddings", False):
             b.vocab("lm_head", "lm_head", c.vocab_size, hidden)
+
+    def experts(self, c: Any) -> int:
+        """How many routed experts a config's MoE layers have (0: a dense model)."""
+        return get(c, "num_experts", 0)
 
     def vllm_attention(self, b: VLLMBlocks, c: Any, n: int, p: str) -> None:
         """Layer ``n``'s attention (``p``: ``model.layers.{n}``): GQA without biases or norms."""
