@@ -29,8 +29,10 @@ def build_vllm_model(model_dir: str, tp: int, rank: int) -> tuple[Any, Any]:
     from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.model_loader.utils import initialize_model
 
-    args = EngineArgs(model=model_dir, skip_tokenizer_init=True, max_model_len=128, enforce_eager=True,
-                      tensor_parallel_size=tp, distributed_executor_backend="mp", dtype="float32")  # fmt: skip
+    args = EngineArgs(
+        model=model_dir, skip_tokenizer_init=True, max_model_len=128, enforce_eager=True,
+        tensor_parallel_size=tp, distributed_executor_backend="mp", dtype="float32",
+    )  # fmt: skip
     vllm_config = args.create_engine_config()
     init_distributed_environment(world_size=tp, rank=rank, local_rank=rank, backend="gloo")
     with set_current_vllm_config(vllm_config):
@@ -109,7 +111,9 @@ def loaded_problems(rank: int, world: int, model_dir: str) -> tuple[list[str], i
             local = spec.tensor[_slices(box.local_offsets, box.sizes)]
             region = want.to(local.dtype)[_slices(box.offsets, box.sizes)]
             if not torch.equal(local, region):
-                problems.append(f"{name}: rank {rank}'s {box.sizes} at {box.offsets} differs from the checkpoint")
+                problems.append(
+                    f"{name}: rank {rank}'s {box.sizes} at {box.offsets} differs from the checkpoint"
+                )
             compared += box.numel
     return problems, compared
 
