@@ -74,8 +74,8 @@ def _qwen2_moe(**overrides: Any) -> Any:
 
     return Qwen2MoeConfig(**(COMMON | dict(
         num_key_value_heads=2, intermediate_size=256, moe_intermediate_size=64,
-        shared_expert_intermediate_size=64, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
-        architectures=["Qwen2MoeForCausalLM"],
+        shared_expert_intermediate_size=64, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True,
+        decoder_sparse_step=1, architectures=["Qwen2MoeForCausalLM"],
     ) | overrides))  # fmt: skip
 
 
