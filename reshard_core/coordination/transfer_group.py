@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import time
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
@@ -104,7 +105,12 @@ class TransferGroup:
                 f"transfer group rank {rank}: could not {role} the rendezvous store at {address} "
                 f"within {timeout:g} s: {first_line(exc)}"
             ) from exc
-        size = _agree_size(store, rank, size, address, timeout)
+        try:
+            size = _agree_size(store, rank, size, address, timeout)
+        except _Refused:
+            if hosting:  # the other side refused: keep the store until this job's ranks read why
+                _wait_for_readers(store, len(job_ranks), timeout)
+            raise
         _check_ranks(rank, size, job_ranks)
         return cls(store, rank, size, job_ranks, backend=backend, timeout=timeout, address=address)
 
@@ -239,6 +245,12 @@ class TransferGroup:
 
 _SIZE_KEY = "reshard/transfer/size"
 _REFUSED = "refused: "
+_READ_KEY = "reshard/transfer/refusal_read"
+"""Counts the ranks that read a refusal (the store's host waits for its job's ranks before leaving)."""
+
+
+class _Refused(TransportError):
+    """The other side refused to join (``TransferGroup.refuse``)."""
 
 
 def _agree_size(store: Any, rank: int, size: int | None, address: str, timeout: float) -> int:
@@ -256,13 +268,28 @@ def _agree_size(store: Any, rank: int, size: int | None, address: str, timeout: 
             f"{timeout:g} s: {first_line(exc)}"
         ) from exc
     if published.startswith(_REFUSED):
-        raise TransportError(f"transfer group rank {rank} at {address}: {published[len(_REFUSED) :]}")
+        try:
+            store.add(_READ_KEY, 1)
+        except Exception:  # the count only keeps the store up for the other readers
+            pass
+        raise _Refused(f"transfer group rank {rank} at {address}: {published[len(_REFUSED) :]}")
     if size is not None and int(published) != size:
         raise TransportError(
             f"transfer group rank {rank} at {address}: joined with size {size}, but the group was "
             f"formed with size {published}"
         )
     return int(published)
+
+
+def _wait_for_readers(store: Any, readers: int, timeout: float) -> None:
+    """Until ``readers`` ranks read the refusal, at most ``timeout`` seconds: a rank of the job that
+    comes later than the store's host must learn the refusal too, not find the store gone."""
+    deadline = time.monotonic() + timeout
+    try:
+        while store.add(_READ_KEY, 0) < readers and time.monotonic() < deadline:
+            time.sleep(0.02)
+    except Exception:
+        pass
 
 
 def _check_ranks(rank: int, size: int, job_ranks: range) -> None:

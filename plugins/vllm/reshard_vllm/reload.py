@@ -52,6 +52,7 @@ class LayerwiseUpdate:
 
         initialize_layerwise_reload(self.model)
         self.open_ = True
+        stand_ins: dict[int, torch.nn.Parameter] = {}  # one per live tensor, however many layers hold it
         for prefix, layer in self.model.named_modules():
             info = get_layerwise_info(layer)
             if not info.can_load():
@@ -67,10 +68,14 @@ class LayerwiseUpdate:
             live = info.kernel_tensors[0] if info.kernel_tensors is not None else {}
             for name, param in list(layer.named_parameters(recurse=False)):
                 kept = live.get(name) is param  # vLLM kept it live: the engine serves it, never write it
+                if kept and id(param) in stand_ins:
+                    layer.register_parameter(name, stand_ins[id(param)])
+                    continue
                 key = f"{prefix}.{name}" if prefix else name
                 buffer = _receive_buffer(self.buffers, key, param, initial=param if kept else None)
                 if kept:
-                    layer.register_parameter(name, _stand_in(param, buffer))
+                    stand_ins[id(param)] = _stand_in(param, buffer)
+                    layer.register_parameter(name, stand_ins[id(param)])
                 else:
                     param.data = buffer
             self.layers.append((layer, info))
@@ -79,6 +84,7 @@ class LayerwiseUpdate:
         """Process every written layer into the model's live tensors, then finalize."""
         try:
             for layer, info in self.layers:
+                _leave_buffers(layer)
                 _forget_cpu_moe_kernel(layer)
                 layerwise_process(layer, info)
         finally:
@@ -123,6 +129,16 @@ def _stand_in(live: torch.nn.Parameter, buffer: torch.Tensor) -> torch.nn.Parame
     out.__class__ = live.__class__
     out.__dict__ = live.__dict__.copy()
     return out
+
+
+def _leave_buffers(layer: torch.nn.Module) -> None:
+    """Give ``layer``'s parameters copies of their receive buffers before vLLM processes it.
+
+    Processing may keep what it reads: vLLM's CPU MoE kernel holds the expert biases it was built
+    with. Were those the receive buffers, the next update's receive would change the weights being
+    served before that update is agreed, and a failed one would leave them half written."""
+    for name, param in list(layer.named_parameters(recurse=False)):
+        param.data = param.data.clone()
 
 
 def _forget_cpu_moe_kernel(layer: torch.nn.Module) -> None:
@@ -201,10 +217,12 @@ def checkpoint_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     from vllm.model_executor.model_loader.reload.meta import SKIP_TENSORS
 
     out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()  # a live tensor held by two modules (a router's bias, by its experts too)
     for prefix, layer in model.named_modules():
         recorded_params, recorded_buffers = get_layerwise_info(layer).restore_metadata
         live = {**dict(layer.named_parameters(recurse=False)), **dict(layer.named_buffers(recurse=False))}
-        kept = {name: tensor for name, tensor in live.items() if name in SKIP_TENSORS}
+        kept = {name: t for name, t in live.items() if name in SKIP_TENSORS and id(t) not in seen}
+        seen.update(id(t) for t in kept.values())
         for name, tensor in {**kept, **recorded_buffers, **recorded_params}.items():
             if name not in layer._non_persistent_buffers_set:
                 out[f"{prefix}.{name}" if prefix else name] = tensor
