@@ -83,7 +83,8 @@ def fsdp_rounds(
         if fault and rank == 0:
             post_json(url + "/collective_rpc", {"method": "reshard_arm_fault", "args": [fault, "1"]})
         dist.barrier()
-        result = outcome(lambda: engine.send_weights(version=f"{kind}-{seed}{'-' + fault if fault else ''}"))
+        version = f"{kind}-{seed}-{fault}" if fault else f"{kind}-{seed}"
+        result = outcome(lambda version=version: engine.send_weights(version=version))
         texts: list[Any] = [None] * world
         dist.all_gather_object(texts, result)
         dist.barrier()

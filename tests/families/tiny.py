@@ -104,3 +104,15 @@ def hf_model(kind_or_config: Any, seed: int = 0, *, std: float = INIT_STD) -> An
             base = 1.0 if "norm" in name.rsplit(".", 1)[0].rsplit(".", 1)[-1] else 0.0
             tensor.copy_((noise + base).to(tensor.dtype))
     return model
+
+
+ROTARY_IN_TORCH = '{"custom_ops": ["-rotary_embedding"]}'
+"""vLLM's CPU rotary kernel mis-rotates MLA's strided query and key views; the pure-torch rotary is exact."""
+
+SERVER_ARGS: dict[str, list[str]] = {"deepseek_v3": ["--compilation-config", ROTARY_IN_TORCH]}
+"""Extra ``vllm serve`` arguments per family."""
+
+LLM_ARGS: dict[str, dict[str, Any]] = {
+    "deepseek_v3": {"compilation_config": {"custom_ops": ["-rotary_embedding"]}},
+}
+"""Extra ``vllm.LLM`` arguments per family."""

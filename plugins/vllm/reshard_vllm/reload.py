@@ -137,7 +137,7 @@ def _leave_buffers(layer: torch.nn.Module) -> None:
     Processing may keep what it reads: vLLM's CPU MoE kernel holds the expert biases it was built
     with. Were those the receive buffers, the next update's receive would change the weights being
     served before that update is agreed, and a failed one would leave them half written."""
-    for name, param in list(layer.named_parameters(recurse=False)):
+    for param in list(layer.parameters(recurse=False)):
         param.data = param.data.clone()
 
 

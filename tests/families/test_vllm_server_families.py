@@ -1,0 +1,72 @@
+"""Every family refits a real ``vllm serve`` at TP2 from a separate FSDP2 trainer job, and a failed
+update leaves the engine serving exactly its previous weights.
+
+One server per family (tiny config, float32, dummy weights, the test's fault-injection worker
+extension), one trainer job of two ranks, four updates:
+
+1. seed 11: greedy generation matches transformers on the same weights; every worker received
+   exactly the bytes of its parameters;
+2. seed 12, with worker 1's receive made to fail: every trainer rank raises the same error, and the
+   engine answers exactly as after update 1 (same tokens, same logprobs);
+3. seed 12, with worker 1 failing to open the staged update in ``finish``: likewise;
+4. seed 12: generation matches transformers on seed 12's weights (a second update with other weights:
+   anything vLLM derives from the weights, MLA's absorbed matrices or repacked experts, left stale
+   shows here).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import tiny
+from family_jobs import NEW_TOKENS, PROMPT, fsdp_rounds
+from vllm_harness import VLLMServer, check_greedy, write_model_dir
+
+from reshard_core.testing.world import run_world
+
+pytestmark = pytest.mark.slow
+
+VLLM_TESTS = str(Path(__file__).parent.parent / "vllm")
+ROUNDS = [(11, ""), (12, "update"), (12, "finish"), (12, "")]
+LOGPROB_ATOL = 1e-3
+
+
+@pytest.fixture(params=tiny.KINDS)
+def server(request, tmp_path):
+    kind = request.param
+    extra = ["--worker-extension-cls", "fault_injection.FaultInjection", *tiny.SERVER_ARGS.get(kind, [])]
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (VLLM_TESTS, os.environ.get("PYTHONPATH")) if p)}
+    model_dir = write_model_dir(tmp_path / kind, tiny.config(kind))
+    with VLLMServer(model_dir, tp=2, weight_transfer_backend="reshard", dtype="float32", extra_args=extra,
+                    env=env, startup_timeout=600, log_path=tmp_path / "server.log") as running:  # fmt: skip
+        yield kind, running
+
+
+def test_an_fsdp2_job_refits_the_tp2_server_and_failed_updates_keep_its_weights(server) -> None:
+    kind, running = server
+    rounds = run_world(fsdp_rounds, 2, running.url, running.model_dir, kind, ROUNDS, timeout=600)[0]
+    (first, tokens, logprobs, received), failed_receive, failed_finish, last = rounds
+
+    assert first == "ok"
+    check = check_greedy(tiny.hf_model(kind, 11), PROMPT, tokens, logprobs, logprob_atol=LOGPROB_ATOL,
+                         tie_atol=LOGPROB_ATOL)  # fmt: skip
+    assert check.ok, str(check)
+    assert len(tokens) == NEW_TOKENS and sorted(received) == [2, 3]
+    assert all(got == expected > 0 for got, expected in received.values()), received
+
+    assert failed_receive[0] == (
+        "ReshardError: weight update failed, previous weights kept on every worker: ranks 0, 1, 2, 3: "
+        "ReshardError: rank 3: RuntimeError: injected fault: update on worker 1"
+    )
+    assert failed_finish[0].startswith("ReshardError: reshard: the engine's finish_weight_update failed: ")
+    assert "worker 1 could not open its update: injected fault: finish on worker 1" in failed_finish[0]
+    for failed in (failed_receive, failed_finish):
+        assert failed[1:3] == (tokens, logprobs)  # exactly what update 1 served
+
+    assert last[0] == "ok"
+    check = check_greedy(tiny.hf_model(kind, 12), PROMPT, last[1], last[2], logprob_atol=LOGPROB_ATOL,
+                         tie_atol=LOGPROB_ATOL)  # fmt: skip
+    assert check.ok, str(check)
+    assert last[1] != tokens
