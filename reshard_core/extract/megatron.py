@@ -6,6 +6,9 @@ else any ancestor), and any tensor with Megatron's TP attributes (``tensor_model
 ``pg_collection``; without one, from ``megatron.core.parallel_state`` only if the caller's program
 already imported and initialised it.
 
+A parameter Megatron splits without marking it (``core_attention.softmax_offset``, one per local
+head) is split by name (``_UNMARKED_SPLITS``).
+
 Groups per param: expert params (``allreduce is False``, or any tensor under an ``experts`` module
 whatever ``allreduce`` says, as Megatron sets it True for experts when EP is 1) split over
 ``expt_tp`` (else ``tp``) and are replicated over ``expt_dp``; the others split over ``tp`` and are
@@ -43,6 +46,10 @@ from .context import ExtractContext, ExtractError
 from .unwrap import strip_wrappers
 
 _TP_ATTRS = ("tensor_model_parallel", "partition_dim", "partition_stride", "partition_sizes", "allreduce")
+_UNMARKED_SPLITS = {"softmax_offset": 0}
+"""Megatron parameters split over TP that carry no TP attributes (only their ``sharded_state_dict``
+names the axis): ``core_attention.softmax_offset``, the learned softmax offsets (GPT-OSS's sinks),
+one per local head."""
 _GROUPED = re.compile(r"^(weight|bias)(\d+)$")
 
 
@@ -141,7 +148,10 @@ def _tp_placement(
     grouped gated fc1, whose rank pieces are ``[gate_r; up_r]`` whatever its stride says)."""
     local = tuple(tensor.shape)
     if not getattr(tensor, "tensor_model_parallel", False):
-        return Replicate(), local
+        unmarked = _UNMARKED_SPLITS.get(name.rsplit(".", 1)[-1])
+        if unmarked is None or width == 1:
+            return Replicate(), local
+        return Shard(unmarked), tuple(n * width if d == unmarked else n for d, n in enumerate(local))
     dim = int(getattr(tensor, "partition_dim", 0))
     stride = int(getattr(tensor, "partition_stride", 1))
     if gated_grouped and dim == 0 and stride == 1:

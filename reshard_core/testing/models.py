@@ -63,13 +63,22 @@ def init_megatron() -> None:
 
 
 def build_pg_collection(
-    tp: int = 1, pp: int = 1, ep: int = 1, *, rank_offset: int = 0, size: int | None = None
+    tp: int = 1,
+    pp: int = 1,
+    ep: int = 1,
+    *,
+    rank_offset: int = 0,
+    size: int | None = None,
+    etp: int | None = None,
 ) -> Any:
     """A ``ProcessGroupCollection`` for TP×EP×PP×DP over ranks ``[rank_offset, rank_offset + size)``.
 
     Built like Megatron's refit tests: ``HyperCommGrid([tp, cp=1, ep, pp, dp])`` (TP fastest),
     ``expt_tp = tp`` and ``expt_dp = dp``; embedding groups from the first and last stage of every
-    pipeline. Collective over the world; ranks outside the grid get None.
+    pipeline. ``etp``: an expert tensor-parallel size other than ``tp`` (Megatron's MoE with biases
+    needs 1): the dense groups come from ``[tp, cp=1, pp, dp]`` and the expert groups from a grid of
+    their own, ``[etp, ep, expert dp, pp]`` (expert TP fastest), as Megatron's ``parallel_state``
+    lays them out. Collective over the world; ranks outside the grid get None.
     """
     require_megatron("reshard_core.testing.models.build_pg_collection")
     from megatron.core import parallel_state
@@ -77,22 +86,32 @@ def build_pg_collection(
     from megatron.core.process_groups_config import ProcessGroupCollection
 
     size = dist.get_world_size() - rank_offset if size is None else size
-    if size % (tp * pp * ep):
-        raise ValueError(f"{size} ranks do not divide into tp={tp} x pp={pp} x ep={ep}")
-    grid = HyperCommGrid([tp, 1, ep, pp, size // (tp * pp * ep)], ["tp", "cp", "ep", "pp", "dp"], rank_offset)
+    own_experts = etp is not None and etp != tp
+    dense_ep = 1 if own_experts else ep
+    if size % (tp * pp * dense_ep) or (own_experts and size % (etp * ep * pp)):
+        raise ValueError(f"{size} ranks do not divide into tp={tp} x pp={pp} x ep={ep} (etp={etp})")
+    dims = [tp, 1, dense_ep, pp, size // (tp * pp * dense_ep)]
+    grid = HyperCommGrid(dims, ["tp", "cp", "ep", "pp", "dp"], rank_offset)
     names = {
         "tp": "tp", "cp": "cp", "pp": "pp", "ep": "ep", "dp": "dp", "tp_cp": ["tp", "cp"],
         "mp": ["tp", "cp", "ep", "pp"], "tp_ep": ["tp", "ep"], "tp_ep_pp": ["tp", "ep", "pp"],
         "dp_cp": ["cp", "dp"], "tp_dp_cp": ["tp", "cp", "dp"],
     }  # fmt: skip
     groups = {key: grid.create_pg(dims) for key, dims in names.items()}
+    experts = {"expt_tp": groups["tp"], "expt_dp": groups["dp"]}
+    if own_experts:
+        expert_dims = [etp, ep, size // (etp * ep * pp), pp]
+        expert_grid = HyperCommGrid(expert_dims, ["tp", "ep", "dp", "pp"], rank_offset)
+        for key, dims in (("ep", "ep"), ("tp_ep", ["tp", "ep"]), ("tp_ep_pp", ["tp", "ep", "pp"])):
+            groups[key] = expert_grid.create_pg(dims)
+        experts = {"expt_tp": expert_grid.create_pg("tp"), "expt_dp": expert_grid.create_pg("dp")}
     pp_enum = grid.get_rank_enum("pp")
     for key, pick in (("embd", parallel_state.default_embedding_ranks),
                       ("pos_embd", parallel_state.default_position_embedding_ranks)):  # fmt: skip
         groups[key], _ = dist.new_subgroups_by_enumeration([pick(r) for r in pp_enum])
     if groups["tp"] is None:
         return None
-    return ProcessGroupCollection(**groups, expt_tp=groups["tp"], expt_dp=groups["dp"])
+    return ProcessGroupCollection(**groups, **experts)
 
 
 def build_gpt(
