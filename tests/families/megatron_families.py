@@ -126,7 +126,8 @@ def _common(c: Any, tp: int, ep: int, etp: int | None) -> dict[str, Any]:
         use_cpu_initialization=True, params_dtype=torch.float32, pipeline_dtype=torch.float32,
         tensor_model_parallel_size=tp, expert_model_parallel_size=ep, expert_tensor_parallel_size=etp,
         hidden_dropout=0.0, attention_dropout=0.0, moe_grouped_gemm=False,
-        moe_token_dispatcher_type="allgather", moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, moe_router_topk=c.num_experts_per_tok,
+        moe_token_dispatcher_type="allgather", moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0,
+        moe_router_topk=c.num_experts_per_tok,
     )  # fmt: skip
 
 
