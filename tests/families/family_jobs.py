@@ -95,3 +95,32 @@ def fsdp_rounds(
             out.append((result, tokens, logprobs, received))
     engine.shutdown()
     return out if rank == 0 else None
+
+
+def megatron_rounds(rank: int, world: int, url: str, model_dir: str, kind: str, seeds: list[int]) -> Any:
+    """A Megatron-Core job (TP2·EP2 over its four ranks, ``megatron_families.build``) refits the
+    engine round by round: each round its parameters become the conversion of ``tiny.hf_model(kind,
+    seed)`` (``megatron_families.expected``), sent shard to shard. Returns on rank 0, per round,
+    ``(tokens, logprobs, {engine rank: (bytes received, bytes expected)})``."""
+    import megatron_families as M
+    import tiny
+    from vllm_harness import completions
+
+    M.cpu_stand_ins()
+    model = M.build(kind, tp=2, ep=2)
+    engine = trainer(rank, world, url, model)
+    out = []
+    for seed in seeds:
+        hf = tiny.hf_model(kind, seed)
+        named = [*hf.named_parameters(), *hf.named_buffers()]
+        tensors = {n: t.detach() for n, t in named if "rotary" not in n}
+        want = M.expected(model, M.logical_of(tensors, kind), kind)
+        with torch.no_grad():
+            for name, tensor in M.weights(model).items():
+                tensor.copy_(want[name])
+        verdict = engine.send_weights(version=f"{kind}-megatron-{seed}")
+        dist.barrier()
+        if rank == 0:
+            out.append((*completions(url, model_dir, PROMPT, NEW_TOKENS), dict(verdict.received)))
+    engine.shutdown()
+    return out if rank == 0 else None

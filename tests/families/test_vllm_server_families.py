@@ -12,6 +12,9 @@ extension), one trainer job of two ranks, four updates:
 4. seed 12: generation matches transformers on seed 12's weights (a second update with other weights:
    anything vLLM derives from the weights, MLA's absorbed matrices or repacked experts, left stale
    shows here).
+
+DeepSeek-V3's server is then refit by a Megatron-Core job (TP2·EP2, MLA, four ranks) twice, each
+update matching transformers on the weights the Megatron model holds.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import tiny
-from family_jobs import NEW_TOKENS, PROMPT, fsdp_rounds
+from family_jobs import NEW_TOKENS, PROMPT, fsdp_rounds, megatron_rounds
 from vllm_harness import VLLMServer, check_greedy, write_model_dir
 
 from reshard_core.testing.world import run_world
@@ -33,9 +36,10 @@ ROUNDS = [(11, ""), (12, "update"), (12, "finish"), (12, "")]
 LOGPROB_ATOL = 1e-3
 
 
-@pytest.fixture(params=tiny.KINDS)
-def server(request, tmp_path):
+@pytest.fixture(scope="module", params=tiny.KINDS)
+def server(request, tmp_path_factory):
     kind = request.param
+    tmp_path = tmp_path_factory.mktemp(kind)
     extra = ["--worker-extension-cls", "fault_injection.FaultInjection", *tiny.SERVER_ARGS.get(kind, [])]
     env = {"PYTHONPATH": os.pathsep.join(p for p in (VLLM_TESTS, os.environ.get("PYTHONPATH")) if p)}
     model_dir = write_model_dir(tmp_path / kind, tiny.config(kind))
@@ -70,3 +74,17 @@ def test_an_fsdp2_job_refits_the_tp2_server_and_failed_updates_keep_its_weights(
                          tie_atol=LOGPROB_ATOL)  # fmt: skip
     assert check.ok, str(check)
     assert last[1] != tokens
+
+
+@pytest.mark.parametrize("server", ["deepseek_v3"], indirect=True)
+def test_a_megatron_tp2_ep2_job_refits_the_deepseek_v3_server(server) -> None:
+    kind, running = server
+    rounds = run_world(megatron_rounds, 4, running.url, running.model_dir, kind, [31, 32], timeout=600)[0]
+    previous = None
+    for seed, (tokens, logprobs, received) in zip([31, 32], rounds, strict=True):
+        check = check_greedy(tiny.hf_model(kind, seed), PROMPT, tokens, logprobs, logprob_atol=LOGPROB_ATOL,
+                             tie_atol=LOGPROB_ATOL)  # fmt: skip
+        assert check.ok, f"seed {seed}: {check}"
+        assert tokens != previous and sorted(received) == [4, 5]
+        assert all(got == expected > 0 for got, expected in received.values()), received
+        previous = tokens
