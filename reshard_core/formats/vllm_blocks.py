@@ -13,6 +13,7 @@ tensor-parallel ranks (TP size ``T``, rank ``d``), as vLLM 0.32 does:
   split over TP, and rank d holds ``[part_1 rows of d; part_2 rows of d; ...]`` (``gate_up_proj``);
 - ``replicated_rows``: the same parts stacked whole on every rank (``fused_qkv_a_proj``);
 - ``heads``: a parameter cut by heads over TP (``attn.sinks``);
+- ``components``: a parameter whose rows are parts, each split over TP (Qwen3-Next's ``conv1d``);
 - ``qkv``: ``QKVParallelLinear`` (``[q_d; k_d; v_d]``, kv heads replicated when TP exceeds them);
 - ``row``: ``RowParallelLinear`` (columns split over TP; the bias whole on every rank);
 - ``experts``: ``FusedMoE``'s ``w13`` / ``w2`` (every expert cut over ``M = DP × TP`` ranks, or whole
@@ -118,10 +119,18 @@ class VLLMBlocks:
             self.t.piece(f"{name}.weight", (rows, cols), layout, param, (Narrow(0, at, rows),))
             at += rows
 
-    def heads(self, param: str, logical: str, size: int) -> None:
-        """A per-head parameter cut by heads over TP (GPT-OSS's ``attn.sinks``)."""
+    def heads(self, param: str, logical: str, size: int, dtype: torch.dtype | None = None) -> None:
+        """A per-head parameter cut by heads over TP (GPT-OSS's ``attn.sinks``, Qwen3-Next's ``A_log``;
+        ``dtype``: kept whatever the model's)."""
         self.t.param(param, (self.divided(logical, size),))
-        self.t.piece(logical, (size,), self.dense(Shard(0)), param)
+        self.t.piece(logical, (size,), self.dense(Shard(0)), param, (), dtype)
+
+    def components(self, param: str, shape: tuple[int, ...], parts: Sequence[int]) -> None:
+        """A parameter that is its logical tensor (``shape``) whose dim 0 concatenates ``parts``, each
+        split over TP: rank d holds ``[part_1 of d; part_2 of d; ...]`` (Qwen3-Next's ``conv1d``)."""
+        local = [self.divided(f"{param} rows", n) for n in parts]
+        self.t.param(param, (sum(local), *shape[1:]))
+        self.t.piece(param, shape, self.dense(Shard(0, components=tuple(parts))), param)
 
     def row(self, module: str, logical: str, rows: int, cols: int, *, bias: bool = False) -> None:
         """``RowParallelLinear`` ``module`` holding ``logical [rows, cols]``: columns split over TP,

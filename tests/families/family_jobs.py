@@ -71,12 +71,14 @@ def trainer(rank: int, world: int, url: str, model: Any, port: int = 0, timeout:
 def fsdp_rounds(
     rank: int, world: int, url: str, model_dir: str, kind: str, rounds: list[tuple[int, str]]
 ) -> Any:
+    import tiny
     from vllm_harness import completions, post_json
 
     from reshard_core.testing.world import outcome
 
     model = fsdp_model(kind, rounds[0][0])
     engine = trainer(rank, world, url, model)
+    options = tiny.SEND_OPTIONS.get(kind, {})
     out = []
     for seed, fault in rounds:
         load(model, kind, seed)
@@ -84,7 +86,7 @@ def fsdp_rounds(
             post_json(url + "/collective_rpc", {"method": "reshard_arm_fault", "args": [fault, "1"]})
         dist.barrier()
         version = f"{kind}-{seed}-{fault}" if fault else f"{kind}-{seed}"
-        result = outcome(lambda version=version: engine.send_weights(version=version))
+        result = outcome(lambda version=version: engine.send_weights(version=version, **options))
         texts: list[Any] = [None] * world
         dist.all_gather_object(texts, result)
         dist.barrier()

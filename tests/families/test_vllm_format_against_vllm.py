@@ -24,6 +24,6 @@ pytestmark = pytest.mark.slow
 def test_the_format_reads_back_what_vllms_loader_wrote_at_tp1_and_tp2(tmp_path, kind):
     model_dir = str(write_model_dir(tmp_path / kind, tiny.hf_model(kind, seed=3), tokenizer=False))
     for tp in (1, 2):
-        results = run_world(loaded_problems, tp, model_dir, timeout=300)
+        results = run_world(loaded_problems, tp, model_dir, tiny.config(kind).dtype, timeout=300)
         assert [problems for problems, _ in results] == [[]] * tp, f"TP{tp}"
         assert all(compared > 0 for _, compared in results)

@@ -17,7 +17,6 @@ from reshard_core.testing.world import free_port
 
 pytestmark = pytest.mark.slow
 
-LOGPROB_ATOL = 1e-3
 
 
 @pytest.mark.parametrize("kind", tiny.KINDS)
@@ -26,7 +25,8 @@ def test_two_updates_of_the_offline_llm_each_match_transformers(tmp_path, kind) 
     from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory
 
     model_dir = T.write_model_dir(tmp_path / kind, tiny.config(kind), tokenizer=False)
-    llm = T.offline_llm(model_dir, tp=1, dtype="float32", weight_transfer_config={"backend": "reshard"},
+    backend = {"backend": "reshard"}
+    llm = T.offline_llm(model_dir, tp=1, dtype=tiny.dtype_name(kind), weight_transfer_config=backend,
                         **tiny.LLM_ARGS.get(kind, {}))  # fmt: skip
     try:
         model = tiny.hf_model(kind, 21)
@@ -34,13 +34,13 @@ def test_two_updates_of_the_offline_llm_each_match_transformers(tmp_path, kind) 
         client = LLMClient(llm)
         engine = WeightTransferTrainerFactory.trainer_init(info, client=client, source=ModuleSource(model))
         previous = None
+        atol = tiny.LOGPROB_ATOL.get(kind, 1e-3)
         for seed in (21, 22):
-            reference = tiny.hf_model(kind, seed)
-            model.load_state_dict(reference.state_dict())
-            verdict = engine.send_weights(version=f"{kind}-{seed}")
+            model.load_state_dict(tiny.hf_model(kind, seed).state_dict())
+            verdict = engine.send_weights(version=f"{kind}-{seed}", **tiny.SEND_OPTIONS.get(kind, {}))
             tokens, logprobs = T.llm_greedy(llm, PROMPT, NEW_TOKENS)
-            check = T.check_greedy(reference, PROMPT, tokens, logprobs, logprob_atol=LOGPROB_ATOL,
-                                   tie_atol=LOGPROB_ATOL)  # fmt: skip
+            check = T.check_greedy(tiny.reference(kind, seed), PROMPT, tokens, logprobs, logprob_atol=atol,
+                                   tie_atol=atol)  # fmt: skip
             assert check.ok, f"seed {seed}: {check}"
             assert tokens != previous
             previous = tokens

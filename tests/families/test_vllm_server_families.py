@@ -1,8 +1,8 @@
 """Every family refits a real ``vllm serve`` at TP2 from a separate FSDP2 trainer job, and a failed
 update leaves the engine serving exactly its previous weights.
 
-One server per family (tiny config, float32, dummy weights, the test's fault-injection worker
-extension), one trainer job of two ranks, four updates:
+One server per family (tiny config, float32 but for Qwen3-Next's bfloat16, dummy weights, the test's
+fault-injection worker extension), one trainer job of two ranks, four updates:
 
 1. seed 11: greedy generation matches transformers on the same weights; every worker received
    exactly the bytes of its parameters;
@@ -33,7 +33,13 @@ pytestmark = pytest.mark.slow
 
 VLLM_TESTS = str(Path(__file__).parent.parent / "vllm")
 ROUNDS = [(11, ""), (12, "update"), (12, "finish"), (12, "")]
-LOGPROB_ATOL = 1e-3
+
+
+def _check(kind: str, seed: int, tokens: list[int], logprobs: list[float]) -> None:
+    atol = tiny.LOGPROB_ATOL.get(kind, 1e-3)
+    reference = tiny.reference(kind, seed)
+    check = check_greedy(reference, PROMPT, tokens, logprobs, logprob_atol=atol, tie_atol=atol)
+    assert check.ok, f"seed {seed}: {check}"
 
 
 @pytest.fixture(scope="module", params=tiny.KINDS)
@@ -43,9 +49,9 @@ def server(request, tmp_path_factory):
     extra = ["--worker-extension-cls", "fault_injection.FaultInjection", *tiny.SERVER_ARGS.get(kind, [])]
     env = {"PYTHONPATH": os.pathsep.join(p for p in (VLLM_TESTS, os.environ.get("PYTHONPATH")) if p)}
     model_dir = write_model_dir(tmp_path / kind, tiny.config(kind))
-    with VLLMServer(model_dir, tp=2, weight_transfer_backend="reshard", dtype="float32", extra_args=extra,
-                    env=env, startup_timeout=600, log_path=tmp_path / "server.log") as running:  # fmt: skip
-        yield kind, running
+    options = dict(dtype=tiny.dtype_name(kind), env=env, extra_args=extra, log_path=tmp_path / "server.log")
+    with VLLMServer(model_dir, tp=2, weight_transfer_backend="reshard", startup_timeout=600, **options) as up:
+        yield kind, up
 
 
 def test_an_fsdp2_job_refits_the_tp2_server_and_failed_updates_keep_its_weights(server) -> None:
@@ -54,9 +60,7 @@ def test_an_fsdp2_job_refits_the_tp2_server_and_failed_updates_keep_its_weights(
     (first, tokens, logprobs, received), failed_receive, failed_finish, last = rounds
 
     assert first == "ok"
-    check = check_greedy(tiny.hf_model(kind, 11), PROMPT, tokens, logprobs, logprob_atol=LOGPROB_ATOL,
-                         tie_atol=LOGPROB_ATOL)  # fmt: skip
-    assert check.ok, str(check)
+    _check(kind, 11, tokens, logprobs)
     assert len(tokens) == NEW_TOKENS and sorted(received) == [2, 3]
     assert all(got == expected > 0 for got, expected in received.values()), received
 
@@ -70,9 +74,7 @@ def test_an_fsdp2_job_refits_the_tp2_server_and_failed_updates_keep_its_weights(
         assert failed[1:3] == (tokens, logprobs)  # exactly what update 1 served
 
     assert last[0] == "ok"
-    check = check_greedy(tiny.hf_model(kind, 12), PROMPT, last[1], last[2], logprob_atol=LOGPROB_ATOL,
-                         tie_atol=LOGPROB_ATOL)  # fmt: skip
-    assert check.ok, str(check)
+    _check(kind, 12, last[1], last[2])
     assert last[1] != tokens
 
 
@@ -82,9 +84,7 @@ def test_a_megatron_tp2_ep2_job_refits_the_deepseek_v3_server(server) -> None:
     rounds = run_world(megatron_rounds, 4, running.url, running.model_dir, kind, [31, 32], timeout=600)[0]
     previous = None
     for seed, (tokens, logprobs, received) in zip([31, 32], rounds, strict=True):
-        check = check_greedy(tiny.hf_model(kind, seed), PROMPT, tokens, logprobs, logprob_atol=LOGPROB_ATOL,
-                             tie_atol=LOGPROB_ATOL)  # fmt: skip
-        assert check.ok, f"seed {seed}: {check}"
+        _check(kind, seed, tokens, logprobs)
         assert tokens != previous and sorted(received) == [4, 5]
         assert all(got == expected > 0 for got, expected in received.values()), received
         previous = tokens

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-KINDS = ("deepseek_v3", "glm4_moe", "gpt_oss", "qwen2_moe")
+KINDS = ("deepseek_v3", "glm4_moe", "gpt_oss", "qwen2_moe", "qwen3_next")
 """The families these tests build (Llama and Qwen3-MoE have their own tests in ``tests/vllm``)."""
 
 COMMON = dict(
@@ -79,7 +79,24 @@ def _qwen2_moe(**overrides: Any) -> Any:
     ) | overrides))  # fmt: skip
 
 
-_BUILDERS = {"deepseek_v3": _deepseek_v3, "glm4_moe": _glm4_moe, "gpt_oss": _gpt_oss, "qwen2_moe": _qwen2_moe}
+def _qwen3_next(**overrides: Any) -> Any:
+    """bfloat16: vLLM's CPU delta-net kernels take nothing else; key and value heads of 64 (its prefill
+    kernel takes 64 or 128 only)."""
+    from transformers import Qwen3NextConfig
+
+    return Qwen3NextConfig(**(COMMON | dict(
+        num_key_value_heads=2, head_dim=64, intermediate_size=128, moe_intermediate_size=64,
+        shared_expert_intermediate_size=64, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True,
+        decoder_sparse_step=1, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64,
+        linear_value_head_dim=64, linear_conv_kernel_dim=4, dtype="bfloat16",
+        layer_types=["linear_attention", "full_attention"], architectures=["Qwen3NextForCausalLM"],
+    ) | overrides))  # fmt: skip
+
+
+_BUILDERS = {
+    "deepseek_v3": _deepseek_v3, "glm4_moe": _glm4_moe, "gpt_oss": _gpt_oss, "qwen2_moe": _qwen2_moe,
+    "qwen3_next": _qwen3_next,
+}  # fmt: skip
 
 INIT_STD = 0.02
 
@@ -116,3 +133,20 @@ LLM_ARGS: dict[str, dict[str, Any]] = {
     "deepseek_v3": {"compilation_config": {"custom_ops": ["-rotary_embedding"]}},
 }
 """Extra ``vllm.LLM`` arguments per family."""
+
+SEND_OPTIONS: dict[str, dict[str, Any]] = {"qwen3_next": {"cast": True}}
+"""``send_weights`` options per family: vLLM keeps Qwen3-Next's ``A_log`` in fp32 in a bf16 engine."""
+
+LOGPROB_ATOL: dict[str, float] = {"qwen3_next": 0.05}
+"""Generation tolerances per family (nats; default 1e-3, float32): Qwen3-Next runs in bf16."""
+
+
+def reference(kind: str, seed: int) -> Any:
+    """The transformers model generation is checked against: ``hf_model(kind, seed)`` computing in
+    float32 (the same weights; a bf16 engine's noise is then all that differs)."""
+    return hf_model(kind, seed).float()
+
+
+def dtype_name(kind: str) -> str:
+    """The engine's dtype for family ``kind`` (its tiny config's)."""
+    return str(config(kind).dtype).removeprefix("torch.")

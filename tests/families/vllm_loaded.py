@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 
-def build_vllm_model(model_dir: str, tp: int, rank: int) -> tuple[Any, Any]:
+def build_vllm_model(model_dir: str, tp: int, rank: int, dtype: str = "float32") -> tuple[Any, Any]:
     """vLLM's model of ``model_dir`` for TP rank ``rank`` of ``tp`` (the world is this job's),
     before any weight is loaded; and its vLLM config."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -31,7 +31,7 @@ def build_vllm_model(model_dir: str, tp: int, rank: int) -> tuple[Any, Any]:
 
     args = EngineArgs(
         model=model_dir, skip_tokenizer_init=True, max_model_len=128, enforce_eager=True,
-        tensor_parallel_size=tp, distributed_executor_backend="mp", dtype="float32",
+        tensor_parallel_size=tp, distributed_executor_backend="mp", dtype=dtype,
     )  # fmt: skip
     vllm_config = args.create_engine_config()
     init_distributed_environment(world_size=tp, rank=rank, local_rank=rank, backend="gloo")
@@ -82,13 +82,13 @@ def logical(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def loaded_problems(rank: int, world: int, model_dir: str) -> tuple[list[str], int]:
+def loaded_problems(rank: int, world: int, model_dir: str, dtype: str = "float32") -> tuple[list[str], int]:
     from vllm.config import set_current_vllm_config
 
     from reshard_core.extract import ExtractContext
     from reshard_core.formats import VLLMFormat, VLLMParallel, declare_vllm
 
-    model, vllm_config = build_vllm_model(model_dir, world, rank)
+    model, vllm_config = build_vllm_model(model_dir, world, rank, dtype)
     saved = checkpoint(model_dir)
     with set_current_vllm_config(vllm_config):
         model.load_weights(saved.items())

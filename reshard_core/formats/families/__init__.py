@@ -7,12 +7,13 @@ specific settings first); ``family_of(model_type)`` finds one by its HF ``model_
 from __future__ import annotations
 
 from ...errors import FormatError
-from . import deepseek_v3, glm4_moe, gpt_oss, llama, qwen2, qwen2_moe, qwen3, qwen3_moe
+from . import deepseek_v3, glm4_moe, gpt_oss, llama, qwen2, qwen2_moe, qwen3, qwen3_moe, qwen3_next
 from .family import Family
 
 FAMILIES: tuple[Family, ...] = (
     deepseek_v3.FAMILY,
     gpt_oss.FAMILY,
+    qwen3_next.FAMILY,
     qwen2_moe.FAMILY,
     glm4_moe.FAMILY,
     qwen3_moe.FAMILY,
