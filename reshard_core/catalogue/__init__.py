@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..lazy import lazy_exports
-from .configs import GPTConfig, MLAConfig
+from .configs import GPTConfig, LinearAttentionConfig, MLAConfig
 from .models import CONFIGS
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ _LAZY = {
     "load_json": "shapes",
 }
 
-__all__ = ["CONFIGS", "GPTConfig", "MLAConfig", "get_model", "model_names", *_LAZY]
+__all__ = ["CONFIGS", "GPTConfig", "LinearAttentionConfig", "MLAConfig", "get_model", "model_names", *_LAZY]
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -2,9 +2,12 @@
 
 Covers dense and MoE layers, grouped-query attention (``linear_qkv`` packs Q, K, V per query group,
 so a contiguous TP split by groups is right), optional Q/K layernorm, gated MLPs (``linear_fc1``
-holds [gate; up], TP ``partition_stride=2``), shared experts, the router's fp32 ``expert_bias``,
-and multi-latent attention (``MLASelfAttention`` with the local spec: down/up projections are
-column-parallel, ``linear_proj`` row-parallel).
+holds [gate; up], TP ``partition_stride=2``), shared experts (and Qwen2-MoE's gate), the router's
+fp32 ``expert_bias``, multi-latent attention (``MLASelfAttention`` with the local spec: down/up
+projections are column-parallel, ``linear_proj`` row-parallel), q/k/v biases, GPT-OSS's biases (the
+router's, the experts', ``linear_proj``'s) and learned softmax offsets (one per head, split over TP
+by heads). Gated delta-net layers (Qwen3-Next) have no mapping in format "megatron": a config with
+them is refused.
 """
 
 from __future__ import annotations
@@ -21,6 +24,11 @@ BF16 = torch.bfloat16
 
 def gpt_shapes(cfg: GPTConfig) -> ModelShapes:
     """Every weight of a Megatron GPTModel built from ``cfg``, with global names."""
+    if cfg.linear_attention is not None:
+        raise ValueError(
+            f"{cfg.name}: format 'megatron' does not map gated delta-net layers (Megatron-Core builds them "
+            "with Transformer Engine only); plan it from another format, e.g. --src-format hf"
+        )
     h = cfg.hidden
     out = [ShapeEntry("embedding.word_embeddings.weight", (cfg.vocab, h), BF16, "vocab", -1)]
     for layer in range(cfg.layers):
@@ -35,8 +43,7 @@ def gpt_shapes(cfg: GPTConfig) -> ModelShapes:
         if cfg.experts and layer >= cfg.first_dense_layers:
             _moe(cfg, add)
         else:
-            add("mlp.linear_fc1.weight", (2 * cfg.ffn, h), "strided")
-            add("mlp.linear_fc2.weight", (h, cfg.ffn), "row")
+            _mlp(cfg, add, "mlp.", cfg.ffn)
     out.append(ShapeEntry("decoder.final_layernorm.weight", (h,), BF16, "replicated", cfg.layers))
     if not cfg.tied:
         out.append(ShapeEntry("output_layer.weight", (cfg.vocab, h), BF16, "vocab", cfg.layers))
@@ -59,20 +66,37 @@ def _attention(cfg: GPTConfig, add) -> None:
         return
     hd = cfg.head_dim or h // cfg.heads
     add("self_attention.linear_qkv.weight", ((cfg.heads + 2 * cfg.kv_heads) * hd, h), "column")
+    if cfg.qkv_bias:
+        add("self_attention.linear_qkv.bias", ((cfg.heads + 2 * cfg.kv_heads) * hd,), "column")
     if cfg.qk_norm:
         add("self_attention.q_layernorm.weight", (hd,))
         add("self_attention.k_layernorm.weight", (hd,))
+    if cfg.sinks:
+        add("self_attention.core_attention.softmax_offset", (cfg.heads,), "column")
     add("self_attention.linear_proj.weight", (h, cfg.heads * hd), "row")
+    if cfg.linear_bias:
+        add("self_attention.linear_proj.bias", (h,))
+
+
+def _mlp(cfg: GPTConfig, add, prefix: str, ffn: int, expert: int | None = None) -> None:
+    """A gated MLP (``linear_fc1`` [gate; up], ``linear_fc2``), with biases for ``linear_bias``."""
+    add(f"{prefix}linear_fc1.weight", (2 * ffn, cfg.hidden), "strided", expert=expert)
+    add(f"{prefix}linear_fc2.weight", (cfg.hidden, ffn), "row", expert=expert)
+    if cfg.linear_bias:
+        add(f"{prefix}linear_fc1.bias", (2 * ffn,), "strided", expert=expert)
+        add(f"{prefix}linear_fc2.bias", (cfg.hidden,), expert=expert)
 
 
 def _moe(cfg: GPTConfig, add) -> None:
     h = cfg.hidden
     add("mlp.router.weight", (cfg.experts, h))
+    if cfg.linear_bias:
+        add("mlp.router.bias", (cfg.experts,))
     if cfg.expert_bias:
         add("mlp.router.expert_bias", (cfg.experts,), dtype=torch.float32)
     for e in range(cfg.experts):
-        add(f"mlp.experts.local_experts.{e}.linear_fc1.weight", (2 * cfg.moe_ffn, h), "strided", expert=e)
-        add(f"mlp.experts.local_experts.{e}.linear_fc2.weight", (h, cfg.moe_ffn), "row", expert=e)
+        _mlp(cfg, add, f"mlp.experts.local_experts.{e}.", cfg.moe_ffn, expert=e)
     if cfg.shared_expert_ffn:
-        add("mlp.shared_experts.linear_fc1.weight", (2 * cfg.shared_expert_ffn, h), "strided")
-        add("mlp.shared_experts.linear_fc2.weight", (h, cfg.shared_expert_ffn), "row")
+        _mlp(cfg, add, "mlp.shared_experts.", cfg.shared_expert_ffn)
+    if cfg.shared_expert_gate:
+        add("mlp.shared_experts.gate_weight", (1, h))

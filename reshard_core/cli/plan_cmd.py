@@ -73,6 +73,12 @@ def plan_command(
         str | None, typer.Option(help="Source model format (megatron, vllm, hf): plan across formats.")
     ] = None,
     dst_format: Annotated[str | None, typer.Option(help="Destination model format, same choices.")] = None,
+    cast: Annotated[
+        bool,
+        typer.Option(
+            "--cast", help="Accept tensors whose dtype alone differs (refit(cast=True): fp32 engine routers)."
+        ),
+    ] = False,
 ) -> None:
     """Plan a refit offline: per-rank bytes, messages, plan time, metadata size, validity.
 
@@ -80,7 +86,7 @@ def plan_command(
     own format (Megatron-Core, the vLLM convention, transformers under FSDP2); two different formats
     are planned in the logical (HF checkpoint) space, and the report adds what a gather-first
     converter would move. Megatron on both sides is the plan without format flags."""
-    from ..simulate.formats import format_table, gather_first_bytes
+    from ..simulate.formats import format_table, gather_first_bytes, logical_shapes
     from ..simulate.run import simulate  # torch: imported only when a plan is made
 
     try:
@@ -90,7 +96,10 @@ def plan_command(
         if max_batch_bytes is not None:
             budget = _option("--max-batch-bytes", parse_bytes, max_batch_bytes)
         formats = _formats(model, src_format, dst_format)
-        shapes = _option("--model", get_model, model)
+        if formats is not None and "megatron" not in formats:  # its Megatron shapes may not exist
+            shapes = _option("--model", logical_shapes, CONFIGS[model])
+        else:
+            shapes = _option("--model", get_model, model)
         src_par, dst_par = _option("--src", parse_cli_layout, src), _option("--dst", parse_cli_layout, dst)
         if not allow_uneven:
             sides = (("--src", src, src_par, src_format), ("--dst", dst, dst_par, dst_format))
@@ -121,12 +130,13 @@ def plan_command(
                 sample=ranks,
                 progress=lambda done, total: bar.update(task, completed=done, total=total),
                 table=table,
+                cast=cast,
             )
     except ValueError as exc:
         print_error(exc)
         raise typer.Exit(EXIT_USAGE) from None
-    except ReshardError as exc:
-        print_error(exc)
+    except ReshardError as exc:  # its hint in the command's words
+        print_error(ReshardError(str(exc).replace("pass cast=True", "pass --cast")))
         raise typer.Exit(EXIT_FAILURE) from None
     report.src, report.dst = megatron_text(src_par), megatron_text(dst_par)
     report.formats = formats

@@ -39,10 +39,10 @@ class CheckReport:
 
 
 def check_plans(
-    table, plans: Mapping[int, RankPlan], ignore: Sequence[str] = (), tied: Tied = None
+    table, plans: Mapping[int, RankPlan], ignore: Sequence[str] = (), tied: Tied = None, cast: bool = False
 ) -> CheckReport:
     """Check ``plans`` (a subset of ranks is fine: pairs with an unplanned end are skipped)."""
-    effective = validate_table(table, ignore=ignore, tied=tied)
+    effective = validate_table(table, ignore=ignore, tied=tied, cast=cast)
     report = CheckReport(ranks_checked=len(plans))
     _check_pairing(plans, report)
     index = context_for(effective).index

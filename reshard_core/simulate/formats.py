@@ -22,6 +22,8 @@ from math import prod
 from types import SimpleNamespace
 
 from ..catalogue.gpt import GPTConfig, gpt_shapes
+from ..catalogue.shapes import ModelShapes, ShapeEntry
+from ..formats.vllm import VLLMParallel, vllm_logical_specs
 from ..layout import Layout, Mesh, Replicate, Shard
 from ..plan.table import LayoutTable, TableBuilder
 from ..specs import TensorMeta, TensorSpec
@@ -57,22 +59,17 @@ def side_specs(config: GPTConfig, par: Parallel, fmt: str, offset: int = 0) -> l
 
 
 def hf_config(config: GPTConfig) -> SimpleNamespace:
-    """The transformers-style config of a catalogue model (what the vLLM convention reads)."""
-    if config.mla is not None:
-        raise ValueError(f"{config.name}: multi-latent attention has no vLLM/HF mapping here")
-    if config.experts and not config.qk_norm:
+    """The transformers-style config of a catalogue model (what the vLLM convention reads), as its
+    family names the fields."""
+    from ..formats.families import family_of
+
+    shaped = "qwen3_moe" if config.experts else ("qwen3" if config.qk_norm else "llama")
+    model_type = config.family or shaped
+    if config.experts and not config.family and not config.qk_norm:
         raise ValueError(
             f"{config.name}: an MoE model without q/k norms has no vLLM model type here (qwen3_moe)"
         )
-    model_type = "qwen3_moe" if config.experts else ("qwen3" if config.qk_norm else "llama")
-    return SimpleNamespace(
-        model_type=model_type, vocab_size=config.vocab, hidden_size=config.hidden,
-        num_attention_heads=config.heads, num_key_value_heads=config.kv_heads,
-        head_dim=config.head_dim or config.hidden // config.heads, intermediate_size=config.ffn,
-        num_hidden_layers=config.layers, num_experts=config.experts, moe_intermediate_size=config.moe_ffn,
-        mlp_only_layers=list(range(config.first_dense_layers)), tie_word_embeddings=config.tied,
-        dtype="bfloat16",
-    )  # fmt: skip
+    return family_of(model_type).hf_config(config)
 
 
 def _megatron(config: GPTConfig, par: Parallel, offset: int) -> list[TensorSpec]:
@@ -95,19 +92,20 @@ def _megatron(config: GPTConfig, par: Parallel, offset: int) -> list[TensorSpec]
 
 
 def megatron_config(config: GPTConfig) -> SimpleNamespace:
-    """The ``TransformerConfig`` fields the Megatron format reads, from a catalogue model."""
+    """The ``TransformerConfig`` fields the Megatron format reads, from a catalogue model (the ones that
+    pick a family included: multi-latent attention, learned softmax offsets, a gated shared expert)."""
     return SimpleNamespace(
         num_attention_heads=config.heads, num_query_groups=config.kv_heads,
         kv_channels=config.head_dim or config.hidden // config.heads, hidden_size=config.hidden,
         ffn_hidden_size=config.ffn, gated_linear_unit=True, num_moe_experts=config.experts or None,
         moe_ffn_hidden_size=config.moe_ffn or None, qk_layernorm=config.qk_norm, num_layers=config.layers,
-        share_embeddings_and_output_weights=config.tied,
+        share_embeddings_and_output_weights=config.tied, multi_latent_attention=config.mla is not None,
+        softmax_type="learnable" if config.sinks else "vanilla",
+        moe_shared_expert_gate=config.shared_expert_gate,
     )  # fmt: skip
 
 
 def _vllm(config: GPTConfig, par: Parallel, offset: int) -> list[TensorSpec]:
-    from ..formats.vllm import VLLMParallel, vllm_logical_specs
-
     if par.pp != 1 or par.cp != 1 or par.fsdp != 1:
         raise ValueError(f"format 'vllm' takes tp, dp and ep only, not {par}")
     groups = [tuple(offset + d * par.tp + t for t in range(par.tp)) for d in range(par.dp * par.ep)]
@@ -121,8 +119,23 @@ def _hf(config: GPTConfig, par: Parallel, offset: int) -> list[TensorSpec]:
     ranks = tuple(range(offset, offset + par.world))
     dims = [(n, p) for n, p in ((par.dp, Replicate()), (par.fsdp, Shard(0))) if n > 1] or [(1, Replicate())]
     layout = Layout(Mesh(ranks, tuple(n for n, _ in dims)), tuple(p for _, p in dims))
-    logical = _megatron(config, Parallel(), 0)  # the logical names and shapes, whatever the layout
-    return [TensorSpec(s.meta, layout, None) for s in logical]
+    return [TensorSpec(s.meta, layout, None) for s in _logical(config)]
+
+
+def _logical(config: GPTConfig) -> list[TensorSpec]:
+    """Every logical tensor (name, shape, dtype) of a catalogue model, whatever the layout: as the
+    Megatron format maps its shapes, or, for a model Megatron does not map, as the vLLM convention
+    holds its family."""
+    if config.linear_attention is None:
+        return _megatron(config, Parallel(), 0)
+    return vllm_logical_specs(hf_config(config), VLLMParallel.of((0,)))
+
+
+def logical_shapes(config: GPTConfig) -> ModelShapes:
+    """The catalogue model's logical (HF checkpoint) tensors as ``ModelShapes``: what a plan between
+    formats other than Megatron's reports the model by (its Megatron shapes may not exist)."""
+    entries = tuple(ShapeEntry(s.meta.name, tuple(s.meta.shape), s.meta.dtype) for s in _logical(config))
+    return ModelShapes(config.name, entries, config.layers, config.heads, config.kv_heads)
 
 
 def gather_first_bytes(table: LayoutTable) -> int:

@@ -156,11 +156,13 @@ def simulate(
     progress: Callable[[int, int], None] | None = None,
     ranks: Sequence[int] | None = None,
     table: LayoutTable | None = None,
+    cast: bool = False,
 ) -> SimulationReport:
     """Plan and check a refit of ``model`` from ``src`` to ``dst`` (see module docstring).
 
     ``table`` replaces the Megatron-named table ``layouts.build_table`` lays out (a refit across
-    formats: ``formats.format_table``)."""
+    formats: ``formats.format_table``). ``cast``: as ``refit(..., cast=True)``, accept tensors whose
+    dtype alone differs (an engine keeping a router in fp32)."""
     if table is None:
         table = build_table(model, src, dst, dst_offset)
     world = sorted(set(range(src.world)) | set(range(dst_offset, dst_offset + dst.world)))
@@ -186,14 +188,14 @@ def simulate(
         # a real rank plans in its own process: keep earlier ranks' plans out of its GC passes
         gc.freeze()
         start = time.process_time()
-        plan = plan_rank(fresh(table), rank, max_batch_bytes=max_batch_bytes)
+        plan = plan_rank(fresh(table), rank, max_batch_bytes=max_batch_bytes, cast=cast)
         seconds = time.process_time() - start
         plans[rank] = plan
         report.planned.append(rank_stats(plan, seconds))
         if progress is not None:
             progress(n + 1, len(ranks))
     gc.unfreeze()
-    check = check_plans(table, plans)
+    check = check_plans(table, plans, cast=cast)
     report.valid, report.problems, report.pairs_checked = check.valid, check.problems, check.pairs_checked
     return report
 

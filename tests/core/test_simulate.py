@@ -71,13 +71,22 @@ def test_fsdp_shards_the_tensor_parallel_part():
 
 
 def test_catalogue_sizes_match_the_public_models():
-    params = {n: sum(math.prod(t.shape) for t in get_model(n).tensors) for n in model_names()}
+    from reshard_core.catalogue import CONFIGS
+    from reshard_core.simulate.formats import logical_shapes
+
+    megatron = [n for n in model_names() if CONFIGS[n].linear_attention is None]
+    params = {n: sum(math.prod(t.shape) for t in get_model(n).tensors) for n in megatron}
     assert params["llama3-8b"] == 8_030_261_248
     assert params["llama3-70b"] == 70_553_706_496
     assert round(params["qwen3-30b-a3b"] / 1e9, 1) == 30.5
     assert round(params["deepseek-v3"] / 1e9) == 671
+    assert round(params["kimi-k2"] / 1e9) == 1026  # "1T total"
+    assert round(params["glm-4.5"] / 1e9) == 353  # 355B with its multi-token-prediction layer, left out here
+    assert round(params["gpt-oss-120b"] / 1e9, 2) == 116.83
     assert len(get_model("deepseek-v3").tensors) == 30486
     assert get_model("deepseek-v3").num_experts == 256
+    qwen3_next = logical_shapes(CONFIGS["qwen3-next-80b"])  # Megatron's shapes of it do not exist here
+    assert round(sum(math.prod(t.shape) for t in qwen3_next.tensors) / 1e9, 1) == 79.7
 
 
 def test_json_shapes_round_trip_and_infer_layers_and_experts(tmp_path):

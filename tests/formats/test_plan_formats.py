@@ -95,3 +95,62 @@ def test_megatron_moe_to_hf_fsdp_and_a_model_vllm_cannot_hold():
     result = run("--model", "tiny-gpt", "--src", "tp=2,dp=2,ep=2", "--dst", "tp=2", "--dst-format", "vllm")
     assert result.exit_code == 2
     assert "tiny-gpt: an MoE model without q/k norms has no vLLM model type here (qwen3_moe)" in result.output
+
+
+# logical tensors: embedding, final norm, head; per layer its attention's, two norms and its MLP's
+MLA, DENSE = 7 + 2, 3  # q_a, q_a_layernorm, q_b, kv_a_proj_with_mqa, kv_a_layernorm, kv_b, o_proj
+FULL_SIZE = [  # (model, source layout, destination layout, source format, extra flags, world, tensors)
+    # DeepSeek-V3: 61 layers, 3 dense; MoE: router, its bias, 256 experts, a shared expert
+    ("deepseek-v3", "tp=8,pp=8,ep=32,dp=32", "tp=8,ep=8,dp=8", "megatron", (), 2048,
+     3 + 61 * MLA + 3 * DENSE + 58 * (2 + 256 * 3 + 3)),
+    ("kimi-k2", "tp=8,pp=8,ep=32,dp=32", "tp=8,ep=8,dp=8", "megatron", (), 2048,
+     3 + 61 * MLA + 1 * DENSE + 60 * (2 + 384 * 3 + 3)),
+    # GLM-4.5: q/k/v weights and biases, o_proj, q/k norms; 3 dense layers; the router in fp32 in vLLM
+    ("glm-4.5", "tp=8,pp=4,ep=16,dp=16", "tp=8,ep=4,dp=4", "megatron", ("--cast",), 512,
+     3 + 92 * (9 + 2) + 3 * DENSE + 89 * (2 + 160 * 3 + 3)),
+    # GPT-OSS: q/k/v/o weights and biases, sinks; router weight and bias; 128 experts with biases
+    ("gpt-oss-120b", "tp=4,pp=2,ep=8,etp=1,dp=8", "tp=4,dp=2", "megatron", (), 64,
+     3 + 36 * (9 + 2 + 2 + 128 * 6)),
+    # Qwen3-Next: 36 delta-net layers (7 tensors), 12 gated attention layers (6), all MoE with a gated
+    # shared expert; Megatron does not map it (below)
+    ("qwen3-next-80b", "fsdp=8", "tp=4,dp=2", "hf", (), 8,
+     3 + 36 * 7 + 12 * 6 + 48 * (2 + 1 + 512 * 3 + 3 + 1)),
+]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "src", "dst", "fmt", "extra", "world", "tensors"), FULL_SIZE,
+                         ids=[c[0] for c in FULL_SIZE])  # fmt: skip
+def test_the_families_full_size_models_are_planned_into_vllm(model, src, dst, fmt, extra, world, tensors):
+    """One spread rank and the busiest candidates are planned (each plan is what that rank computes)
+    and every pair of them is checked."""
+    result = run(
+        "--model", model, "--src", src, "--dst", dst, "--src-format", fmt, "--dst-format", "vllm",
+        "--sample", "1", "--json", *extra,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["valid"] is True and data["formats"] == [fmt, "vllm"]
+    assert (data["ranks"], data["tensors"]) == (world, tensors)
+    assert data["gather_first_bytes"] > data["model_bytes"] > 0 and data["ops_total"] > 0
+
+
+def test_a_routers_dtype_is_named_with_the_flag_that_accepts_it():
+    result = run("--model", "glm-4.5", "--src", "tp=8,pp=4,ep=16,dp=16", "--dst", "tp=8,ep=4,dp=4",
+                 "--src-format", "megatron", "--dst-format", "vllm", "--sample", "1")  # fmt: skip
+    assert result.exit_code == 1
+    assert result.output.startswith(
+        "error: 89 tensors differ only in dtype, source bfloat16 vs destination float32: "
+        "model.layers.10.mlp.gate.weight, "
+    )
+    assert result.output.rstrip().endswith("; pass --cast to convert on the way (the sender converts)")
+
+
+def test_qwen3_next_has_no_megatron_mapping_and_says_what_to_plan_instead():
+    result = run("--model", "qwen3-next-80b", "--src", "tp=4", "--dst", "tp=4", "--dst-format", "vllm")
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        "error: --model: qwen3-next-80b: format 'megatron' does not map gated delta-net layers "
+        "(Megatron-Core builds them with Transformer Engine only); plan it from another format, "
+        "e.g. --src-format hf"
+    )

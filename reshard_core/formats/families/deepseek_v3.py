@@ -30,6 +30,7 @@ on, every ``moe_layer_freq``-th; vLLM creates ``mlp.gate.e_score_correction_bias
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from ..vllm_blocks import VLLMBlocks
@@ -109,6 +110,17 @@ class DeepseekV3(Family):
 
     def experts(self, c: Any) -> int:
         return get(c, "n_routed_experts", 0)
+
+    def hf_config(self, cfg: Any) -> SimpleNamespace:
+        routing = "noaux_tc" if cfg.expert_bias else None
+        return with_sigmoid_moe(super().hf_config(cfg), cfg, topk_method=routing, **vars(cfg.mla))
+
+
+def with_sigmoid_moe(config: SimpleNamespace, cfg: Any, **fields: Any) -> SimpleNamespace:
+    """``config`` with DeepSeek-V3's MoE fields (also GLM-4.5's) from a catalogue ``GPTConfig``."""
+    shared = cfg.shared_expert_ffn // cfg.moe_ffn if cfg.moe_ffn else 0
+    return SimpleNamespace(**vars(config), n_routed_experts=cfg.experts, n_shared_experts=shared,
+                           first_k_dense_replace=cfg.first_dense_layers, **fields)  # fmt: skip
 
 
 FAMILY = DeepseekV3()

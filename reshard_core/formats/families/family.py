@@ -21,6 +21,7 @@ A family never reads another's file; shared behaviour is the base class's defaul
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import torch
@@ -133,6 +134,20 @@ class Family:
             )
             return [s for s in picked if s is not None]
         return None
+
+    # ------------------------------------------------------------------ offline planning
+
+    def hf_config(self, cfg: Any) -> SimpleNamespace:
+        """A transformers-style config of this family from a catalogue ``GPTConfig`` (what the vLLM
+        side of ``reshard plan`` reads): the Llama/Qwen fields; families add theirs."""
+        return SimpleNamespace(
+            model_type=cfg.family or self.model_types[0], vocab_size=cfg.vocab, hidden_size=cfg.hidden,
+            num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
+            head_dim=cfg.head_dim or cfg.hidden // cfg.heads, intermediate_size=cfg.ffn,
+            num_hidden_layers=cfg.layers, num_experts=cfg.experts, moe_intermediate_size=cfg.moe_ffn,
+            mlp_only_layers=list(range(cfg.first_dense_layers)), tie_word_embeddings=cfg.tied,
+            attention_bias=cfg.qkv_bias, dtype="bfloat16",
+        )  # fmt: skip
 
     def __repr__(self) -> str:
         return f"<family {self.name}>"

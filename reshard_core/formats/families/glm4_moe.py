@@ -10,10 +10,11 @@ weight: the two sides must agree), ``moe_router_enable_expert_bias``; the shared
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from ..vllm_blocks import VLLMBlocks
-from .deepseek_v3 import moe_layer, moe_with_shared_experts
+from .deepseek_v3 import moe_layer, moe_with_shared_experts, with_sigmoid_moe
 from .family import FP32, Family, get, head_dim
 
 
@@ -39,6 +40,9 @@ class Glm4Moe(Family):
 
     def experts(self, c: Any) -> int:
         return get(c, "n_routed_experts", 0)
+
+    def hf_config(self, cfg: Any) -> SimpleNamespace:
+        return with_sigmoid_moe(super().hf_config(cfg), cfg, use_qk_norm=cfg.qk_norm)
 
 
 FAMILY = Glm4Moe()

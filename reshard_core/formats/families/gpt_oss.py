@@ -28,6 +28,7 @@ transformers holds the experts input-major with gate and up interleaved: ``gate_
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from ...specs import TensorSpec
@@ -59,6 +60,13 @@ class GptOss(Family):
 
     def experts(self, c: Any) -> int:
         return get(c, "num_local_experts", 0)
+
+    def hf_config(self, cfg: Any) -> SimpleNamespace:
+        fields = vars(super().hf_config(cfg)) | {
+            "num_local_experts": cfg.experts,
+            "intermediate_size": cfg.moe_ffn,
+        }
+        return SimpleNamespace(**fields)
 
     def vllm_attention(self, b: VLLMBlocks, c: Any, n: int, p: str) -> None:
         h, heads, kv = head_dim(c), c.num_attention_heads, c.num_key_value_heads

@@ -9,6 +9,7 @@ expert ``mlp.shared_experts.*`` and its gate ``shared_experts.gate_weight``
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from ..vllm_blocks import VLLMBlocks
@@ -37,6 +38,11 @@ class Qwen2Moe(Qwen2):
             b.mlp(f"{p}.mlp.shared_expert", f"{p}.mlp.shared_expert", shared, hidden)
             gate = f"{p}.mlp.shared_expert_gate.weight"
             b.replicated(gate, gate, (1, hidden))
+
+    def hf_config(self, cfg: Any) -> SimpleNamespace:
+        return SimpleNamespace(
+            **vars(super().hf_config(cfg)), shared_expert_intermediate_size=cfg.shared_expert_ffn
+        )
 
 
 FAMILY = Qwen2Moe()

@@ -21,6 +21,7 @@ it) and flash-linear-attention; its settings ``experimental_attention_variant="g
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from ..vllm_blocks import VLLMBlocks
@@ -58,6 +59,17 @@ class Qwen3Next(Qwen2Moe):
         b.heads(f"{a}.dt_bias", f"{a}.dt_bias", nv)
         b.norm(f"{a}.norm", c.linear_value_head_dim)
         b.row(f"{a}.out_proj", f"{a}.out_proj", hidden, values)
+
+    def hf_config(self, cfg: Any) -> SimpleNamespace:
+        la = cfg.linear_attention
+        kinds = [
+            "full_attention" if (n + 1) % la.full_every == 0 else "linear_attention"
+            for n in range(cfg.layers)
+        ]
+        return SimpleNamespace(**vars(super().hf_config(cfg)), layer_types=kinds,
+            linear_num_key_heads=la.key_heads, linear_num_value_heads=la.value_heads,
+            linear_key_head_dim=la.key_head_dim, linear_value_head_dim=la.value_head_dim,
+            linear_conv_kernel_dim=la.conv_kernel)  # fmt: skip
 
 
 FAMILY = Qwen3Next()
