@@ -130,3 +130,38 @@ def test_delta_updates_move_only_what_changed_and_land_exactly(llm) -> None:
     assert [k for k in after_plain if not torch.equal(after_deltas[k], after_plain[k])] == []
     assert llm.get_weight_version() == "plain"
     engine.shutdown()
+
+
+def test_a_tensor_the_engine_lacks_is_named_and_ignore_through_send_weights_leaves_it_out(llm) -> None:
+    """The trainer's model has a tensor no engine parameter holds: the update is refused naming it
+    and suggesting ``ignore=``, which ``send_weights`` takes; with it the update lands exactly."""
+    import torch
+    from reshard_vllm import LLMClient, ReshardTrainerInitInfo
+    from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory
+
+    from reshard_core.errors import ReshardError
+
+    config = T.tiny_llama_config(dtype=DTYPE)
+    model = model_for(config, 51)
+    model.model.register_parameter("value_head", torch.nn.Parameter(torch.ones(4)))  # an RL critic's
+    info = ReshardTrainerInitInfo("127.0.0.1", free_port(), 1, rank=0, timeout=60)
+    client = LLMClient(llm)
+    engine = WeightTransferTrainerFactory.trainer_init(info, client=client, source=ModuleSource(model))
+    before = T.llm_greedy(llm, PROMPT, NEW_TOKENS)
+    with pytest.raises(ReshardError) as error:
+        engine.send_weights(version="with-critic")
+    assert str(error.value) == (
+        "weight update failed, previous weights kept on every worker: ranks 0, 1: PlanError: "
+        "model.value_head: on the source only (ranks [0]), no destination holds it; "
+        "pass ignore=['model.value_head'] to leave it out"
+    )
+    assert T.llm_greedy(llm, PROMPT, NEW_TOKENS) == before
+    engine.send_weights(version="without-critic", ignore=["model.value_head"])
+    tokens, logprobs = T.llm_greedy(llm, PROMPT, NEW_TOKENS)
+    check = T.check_greedy(model, PROMPT, tokens, logprobs, logprob_atol=LOGPROB_ATOL, tie_atol=LOGPROB_ATOL)
+    assert check.ok, str(check)
+    assert llm.get_weight_version() == "without-critic"
+    with pytest.raises(ReshardError) as error:
+        engine.send_weights(ignore="x")
+    assert str(error.value) == "reshard: ignore must be a list of tensor names or patterns, got 'x'"
+    engine.shutdown()

@@ -71,11 +71,13 @@ class ReshardInitInfo(WeightTransferInitInfo):
 class ReshardUpdateInfo(WeightTransferUpdateInfo):
     """One update. ``version`` is recorded when the update is applied (``finish_weight_update``);
     ``delta``: the trainer sends only what changed (``refit(..., delta=True)``, against the receive
-    buffers); ``cast``: the wire carries the engine's dtypes (``refit(..., cast=True)``)."""
+    buffers); ``cast``: the wire carries the engine's dtypes (``refit(..., cast=True)``);
+    ``ignore``: names (fnmatch patterns) of tensors either side leaves out (``refit(..., ignore=...)``)."""
 
     version: str | None = None
     delta: bool = False
     cast: bool = False
+    ignore: list[str] = dataclasses.field(default_factory=list)
 
 
 class ReshardWeightTransferEngine(WeightTransferEngine[ReshardInitInfo, ReshardUpdateInfo]):
@@ -141,12 +143,15 @@ class ReshardWeightTransferEngine(WeightTransferEngine[ReshardInitInfo, ReshardU
         start = time.perf_counter()
         mine = ok()
         update: LayerwiseUpdate | InPlaceUpdate | None = None
+        ignore, bad = _patterns(update_info.ignore)
         options = reshard_core.RefitOptions(
             group=self.group, transport=self.info.transport, timeout=self.info.timeout,
-            delta=bool(update_info.delta), cast=bool(update_info.cast),
+            delta=bool(update_info.delta), cast=bool(update_info.cast), ignore=ignore,
         )  # fmt: skip
         try:
             try:
+                if bad:
+                    raise ReshardError(bad)
                 update = self._update()
                 update.open()
                 declare_vllm(self.model, engine_parallel(self.model, dist.get_rank()))
@@ -258,6 +263,17 @@ def checked_init_info(info: ReshardInitInfo) -> ReshardInitInfo:
         trainer_world_size=number("trainer_world_size", int),
         timeout=number("timeout", float),
     )
+
+
+def _patterns(value: Any) -> tuple[tuple[str, ...], str]:
+    """``update_info.ignore`` (JSON from any client) as patterns, and why it is not a list of names
+    ("" when it is)."""
+    if value is None:
+        return (), ""
+    names = isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+    if not names:
+        return (), f"reshard: update_info.ignore must be a list of tensor names or patterns, got {value!r}"
+    return tuple(value), ""
 
 
 def _held_bytes(model: torch.nn.Module) -> int:

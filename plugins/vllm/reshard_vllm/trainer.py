@@ -18,6 +18,7 @@ the workers hold; nothing is gathered.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -118,6 +119,7 @@ class ReshardTrainerWeightTransferEngine(TrainerWeightTransferEngine[ReshardTrai
         delta: bool = False,
         cast: bool = False,
         pause: str | None = "wait",
+        ignore: Sequence[str] = (),
     ) -> Verdict:
         """Refit the engine from ``source``: every trainer rank sends its slices, the workers apply the
         update together or keep their previous weights together. Returns every rank's outcome;
@@ -133,8 +135,10 @@ class ReshardTrainerWeightTransferEngine(TrainerWeightTransferEngine[ReshardTrai
         and queues new ones until the update is applied, so no completion mixes two models;
         ``"abort"`` ends the requests in flight at once; ``"keep"`` freezes them and continues them
         on the new weights (no request is lost, but their tokens come from both models); None does
-        not pause (requests in flight may mix the two models). Every trainer rank passes the same
-        arguments."""
+        not pause (requests in flight may mix the two models). ``ignore``: names (fnmatch patterns) of
+        tensors that either side has and the other side's format does not map, left out of the update
+        on both sides (``refit(..., ignore=...)``; a tensor the engine needs stays an error). Every
+        trainer rank passes the same arguments."""
         if self.group is None or self.info is None:
             raise ReshardError(
                 "reshard: send_weights() before trainer_init(); initialise the transfer engine first"
@@ -142,6 +146,8 @@ class ReshardTrainerWeightTransferEngine(TrainerWeightTransferEngine[ReshardTrai
         if pause is not None and pause not in PAUSE_MODES:
             modes = ", ".join(PAUSE_MODES)
             raise ReshardError(f"reshard: pause must be one of {modes} or None, got {pause!r}")
+        if isinstance(ignore, str) or not all(isinstance(name, str) for name in ignore):
+            raise ReshardError(f"reshard: ignore must be a list of tensor names or patterns, got {ignore!r}")
         start = time.perf_counter()
         self.report = None
         pauser = _Pauser.of(self.client) if self.is_sender else None
@@ -153,7 +159,7 @@ class ReshardTrainerWeightTransferEngine(TrainerWeightTransferEngine[ReshardTrai
             started = self.is_sender and not mine
             self._agree_trainers(mine, "start_weight_update")
             started = False  # from here on the engine closes a failed update itself (rpc_guard)
-            verdict = self._transfer(version, delta, cast)
+            verdict = self._transfer(version, delta, cast, tuple(ignore))
             self._apply(version, pauser, pause)
         finally:
             if started:  # the other ranks failed: close the update rank 0 opened
@@ -176,17 +182,17 @@ class ReshardTrainerWeightTransferEngine(TrainerWeightTransferEngine[ReshardTrai
                 mine = _attempt(pauser.resume, "resume") or mine
         self._agree_trainers(mine, "end of the update")
 
-    def _transfer(self, version: str | None, delta: bool, cast: bool) -> Verdict:
+    def _transfer(self, version: str | None, delta: bool, cast: bool, ignore: tuple[str, ...]) -> Verdict:
         """The refit and its verdict round, with rank 0's ``update_weights`` call alongside."""
         control = self.client.update_weights if self.is_sender else None
-        update = {"version": version, "delta": delta, "cast": cast}
+        update = {"version": version, "delta": delta, "cast": cast, "ignore": list(ignore)}
         # a failing worker answers after its refit timed out and its verdict round did: wait that long
         with _Background(control, update, 2 * self.info.timeout + 10) as call:
             mine = ok()
             try:
                 self.report = reshard_core.refit(
                     self.model, None, group=self.group, transport=self.info.transport,
-                    timeout=self.info.timeout, delta=delta, cast=cast,
+                    timeout=self.info.timeout, delta=delta, cast=cast, ignore=ignore,
                 )  # fmt: skip
             except Exception as exc:
                 mine = failed(exc)
