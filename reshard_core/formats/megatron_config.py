@@ -20,18 +20,26 @@ REFUSED: tuple[tuple[str, object, str], ...] = (
         "attention_output_gate",
         True,
         "linear_qkv puts each query group's gates after its query heads, where HF's q_proj "
-        "interleaves them per head",
-    ),
-    (
-        "multi_latent_attention",
-        True,
-        "its low-rank q/kv projections (linear_q_down_proj, ...) are not mapped",
+        "interleaves them per head, and Qwen3-Next's Megatron layers are not mapped (Megatron-Core "
+        "0.16.1 builds them with Transformer Engine only); refit Qwen3-Next from transformers",
     ),
     ("normalization", "LayerNorm", "the HF families mapped here use RMSNorm, which has no biases"),
-    ("softmax_type", "learnable", "its learned per-head softmax offsets are not mapped"),
-    ("softmax_type", "off-by-one", "the HF families mapped here use a plain softmax"),
-    ("experimental_attention_variant", "gated_delta_net", "its linear-attention layers are not mapped"),
-    ("experimental_attention_variant", "dsa", "its sparse-attention indexer is not mapped"),
+    (
+        "softmax_type",
+        "off-by-one",
+        "the HF families mapped here use a plain softmax or GPT-OSS's learned sinks",
+    ),
+    (
+        "experimental_attention_variant",
+        "gated_delta_net",
+        "its linear-attention layers are not mapped (Megatron-Core 0.16.1 builds them with Transformer "
+        "Engine only); refit Qwen3-Next from transformers",
+    ),
+    (
+        "experimental_attention_variant",
+        "dsa",
+        "its sparse-attention indexer (DeepSeek-V3.2) is not mapped, and vLLM's CPU build cannot serve it",
+    ),
     ("heterogeneous_block_specs", True, "layers of different shapes or replaced blocks are not mapped"),
     (
         "layernorm_zero_centered_gamma",

@@ -285,25 +285,39 @@ def test_config_from_a_transformer_config_and_refusals():
 REFUSED = [
     ("attention_output_gate", True, "attention_output_gate=True is not supported by format 'megatron': "
      "linear_qkv puts each query group's gates after its query heads, where HF's q_proj interleaves them "
-     "per head"),
-    ("multi_latent_attention", True, "multi_latent_attention=True is not supported by format 'megatron': "
-     "its low-rank q/kv projections (linear_q_down_proj, ...) are not mapped"),
+     "per head, and Qwen3-Next's Megatron layers are not mapped (Megatron-Core 0.16.1 builds them with "
+     "Transformer Engine only); refit Qwen3-Next from transformers"),
     ("normalization", "LayerNorm", "normalization='LayerNorm' is not supported by format 'megatron': the HF "
      "families mapped here use RMSNorm, which has no biases"),
-    ("softmax_type", "learnable", "softmax_type='learnable' is not supported by format 'megatron': its "
-     "learned per-head softmax offsets are not mapped"),
     ("softmax_type", "off-by-one", "softmax_type='off-by-one' is not supported by format 'megatron': the HF "
-     "families mapped here use a plain softmax"),
+     "families mapped here use a plain softmax or GPT-OSS's learned sinks"),
     ("experimental_attention_variant", "gated_delta_net", "experimental_attention_variant='gated_delta_net' "
-     "is not supported by format 'megatron': its linear-attention layers are not mapped"),
+     "is not supported by format 'megatron': its linear-attention layers are not mapped (Megatron-Core "
+     "0.16.1 builds them with Transformer Engine only); refit Qwen3-Next from transformers"),
     ("experimental_attention_variant", "dsa", "experimental_attention_variant='dsa' is not supported by "
-     "format 'megatron': its sparse-attention indexer is not mapped"),
+     "format 'megatron': its sparse-attention indexer (DeepSeek-V3.2) is not mapped, and vLLM's CPU build "
+     "cannot serve it"),
     ("heterogeneous_block_specs", True, "heterogeneous_block_specs=True is not supported by format "
      "'megatron': layers of different shapes or replaced blocks are not mapped"),
     ("layernorm_zero_centered_gamma", True, "layernorm_zero_centered_gamma=True is not supported by format "
      "'megatron': its norm weights are stored as w - 1; when the other side stores them so too (Gemma, "
      "Qwen3-Next) pass MegatronFormat(norms_as_stored=True)"),
 ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("settings", "family"),
+    [
+        ({"multi_latent_attention": True}, "deepseek_v3"),
+        ({"softmax_type": "learnable"}, "gpt_oss"),
+        ({"moe_shared_expert_gate": True}, "qwen2_moe"),
+        ({"softmax_type": "vanilla"}, ""),
+    ],
+    ids=["mla", "sinks", "gated-shared-expert", "llama-names"],
+)
+def test_the_settings_only_a_family_uses_pick_its_names(settings, family):
+    config = SimpleNamespace(num_attention_heads=8, num_query_groups=2, kv_channels=8, **settings)
+    assert MegatronConfig.of(config).family == family
 
 
 @pytest.mark.parametrize(("field", "value", "text"), REFUSED, ids=[f"{r[0]}={r[1]}" for r in REFUSED])
@@ -354,16 +368,18 @@ MODEL_REFUSED = [
      "are not mapped"),
     ({"position_embedding_type": "none"}, {}, "position_embedding_type='none' is not supported by format "
      "'megatron': the HF families mapped here apply RoPE"),
-    ({"rotary_percent": 0.5}, {}, "rotary_percent=0.5 is not supported by format 'megatron': the HF families "
-     "mapped here rotate whole heads"),
     ({}, {"activation_func": torch.nn.functional.gelu, "gated_linear_unit": True},
      "activation_func='gelu' is not supported by format 'megatron': the gated MLPs of the HF families "
      "mapped here use SiLU (SwiGLU)"),
+    ({}, {"activation_func": torch.nn.functional.silu, "gated_linear_unit": True,
+          "softmax_type": "learnable"},
+     "activation_func='silu' is not supported by format 'megatron': the gated MLPs of family 'gpt_oss' use "
+     "quick_gelu with a clamp (GPT-OSS's SwiGLU)"),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("model", "config", "text"), MODEL_REFUSED, ids=["learned", "nope", "partial", "gelu"]
+    ("model", "config", "text"), MODEL_REFUSED, ids=["learned", "nope", "gelu", "silu-in-gpt-oss"]
 )
 def test_a_model_setting_with_no_mapping_is_refused_by_name(model, config, text):
     duck = _DuckGPT(SimpleNamespace(num_attention_heads=8, num_query_groups=2, kv_channels=8, **config))
@@ -373,6 +389,14 @@ def test_a_model_setting_with_no_mapping_is_refused_by_name(model, config, text)
         MegatronFormat().config_of(duck)
     assert str(info.value) == text
     duck.config.activation_func = torch.nn.functional.silu
+    duck.config.softmax_type = "vanilla"
     for name in model:
         delattr(duck, name)
     assert MegatronFormat().config_of(duck).num_query_groups == 2
+
+
+def test_partial_rotary_adds_no_weight_and_is_mapped():
+    """GLM-4.5 rotates the first half of each head, as Megatron's ``rotary_percent=0.5`` does."""
+    duck = _DuckGPT(SimpleNamespace(num_attention_heads=8, num_query_groups=2, kv_channels=8))
+    duck.rotary_percent = 0.5
+    assert MegatronFormat().config_of(duck).kv_channels == 8
