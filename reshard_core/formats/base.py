@@ -47,6 +47,11 @@ class ModelFormat:
     name: str = ""
     description: str = ""
 
+    def model_types(self) -> tuple[str, ...] | None:
+        """The HF ``model_type``s whose weights this format maps (``reshard formats list``); None: any
+        model, whatever its type (a format that keeps names as they are)."""
+        return None
+
     def detect(self, model: Any) -> bool:
         """True when ``model`` (a module, or a list of pipeline chunks) is in this format."""
         return False

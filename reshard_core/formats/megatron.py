@@ -65,6 +65,7 @@ from ..errors import FormatError
 from ..extract import ExtractContext, unwrap
 from ..specs import TensorSpec
 from .base import ModelFormat
+from .families import FAMILIES
 from .megatron_config import MegatronConfig, check_model, megatron_family
 from .pieces import halves, regroup, rename, split, unpad
 
@@ -215,6 +216,9 @@ class MegatronFormat(ModelFormat):
         self.vocab_size = vocab_size
         self.config = config
         self.norms_as_stored = norms_as_stored
+
+    def model_types(self) -> tuple[str, ...]:
+        return tuple(sorted(t for f in FAMILIES if f.megatron_mapped for t in f.model_types))
 
     def detect(self, model: Any) -> bool:
         if any(

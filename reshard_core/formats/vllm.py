@@ -47,7 +47,7 @@ from ..extract import ExtractContext, iter_tensors, strip_wrappers, unwrap
 from ..specs import TensorSpec
 from .base import FormatSpecs, ModelFormat
 from .cuts import EngineTable
-from .families import family_of
+from .families import family_of, model_types
 from .registry import declare_format
 from .vllm_blocks import VOCAB_PADDING, VLLMBlocks
 from .vllm_parallel import PARALLEL_ATTR, VLLMParallel, parallel_of
@@ -105,6 +105,9 @@ class VLLMFormat(ModelFormat):
 
     name = "vllm"
     description = "vLLM/SGLang engines: fused qkv/gate_up/w13, padded vocab; layouts from config + parallel"
+
+    def model_types(self) -> tuple[str, ...]:
+        return model_types()
 
     def detect(self, model: Any) -> bool:
         return any(c.__module__.startswith("vllm.") for c in type(model).__mro__)

@@ -96,6 +96,14 @@ def test_formats_list_json_is_in_detection_order_with_providers(capsys):
         main(["formats", "list", "--json"])
     assert (exit_info.value.code or 0) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert rows[0] == {"name": "engine", "provider": "engine-plugin", "description": "a custom engine"}
+    assert rows[0] == {
+        "name": "engine", "provider": "engine-plugin", "description": "a custom engine", "model_types": None
+    }
     assert "hf" in [r["name"] for r in rows] and rows[-1]["name"] == "hf-checkpoint"
     assert {r["provider"] for r in rows[1:]} == {"reshard_core.builtin_hooks"}
+    types = {r["name"]: r["model_types"] for r in rows}
+    families = ["deepseek_v3", "glm4_moe", "gpt_oss", "kimi_k2", "llama", "mistral", "qwen2", "qwen2_moe",
+                "qwen3", "qwen3_moe"]  # fmt: skip
+    assert types["vllm"] == sorted([*families, "qwen3_next"])
+    assert types["megatron"] == families  # Megatron-Core builds Qwen3-Next with Transformer Engine only
+    assert types["hf"] is None and types["hf-checkpoint"] is None

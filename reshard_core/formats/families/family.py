@@ -92,6 +92,8 @@ class Family:
     ``model.layers.L.``) is another than the shared table's, or that only this family has."""
     megatron_shared_expert: ClassVar[str] = "mlp.shared_experts."
     """The logical prefix of Megatron's ``mlp.shared_experts`` (DeepSeek-V3's plural by default)."""
+    megatron_mapped: ClassVar[bool] = True
+    """Whether format "megatron" maps a Megatron-Core model of this family."""
     megatron_activations: ClassVar[tuple[str, ...]] = ("silu",)
     """The activations of this family's gated MLPs (``TransformerConfig.activation_func``)."""
 

@@ -34,6 +34,7 @@ class Qwen3Next(Qwen2Moe):
     title = "Qwen3-Next (80B-A3B)"
     model_types = ("qwen3_next",)
     megatron_settings = ()
+    megatron_mapped = False
 
     def vllm_attention(self, b: VLLMBlocks, c: Any, n: int, p: str) -> None:
         if c.layer_types[n] == "linear_attention":
