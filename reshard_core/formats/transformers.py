@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import FormatError
 from ..extract import ExtractContext, unwrap_all
 from ..specs import TensorSpec
 from .base import ModelFormat
@@ -37,7 +38,13 @@ class TransformersFormat(ModelFormat):
 
 
 def _family(model: Any) -> Family:
-    """The family of the module detection looked at (by ``config.model_type``), else the default."""
+    """The family of the module detection looked at (by ``config.model_type``), else the default;
+    ``FormatError`` when its family refuses the config."""
     roots = unwrap_all(model)
-    model_type = getattr(getattr(roots[0], "config", None), "model_type", None) if roots else None
-    return next((f for f in FAMILIES if model_type in f.model_types), Family())
+    config = getattr(roots[0], "config", None) if roots else None
+    model_type = getattr(config, "model_type", None)
+    family = next((f for f in FAMILIES if model_type in f.model_types), Family())
+    refusal = family.hf_refusal(config)
+    if refusal:
+        raise FormatError(refusal)
+    return family

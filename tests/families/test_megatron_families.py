@@ -95,3 +95,26 @@ def test_megatron_tp2_ep2_to_hf_and_fsdp2_hf_back_bit_exact_with_equal_logits(ki
         # expert parallel groups: TP-major {0, 2}, {1, 3}; with GPT-OSS's expert TP 1, {0, 1}, {2, 3}
         first = rank < 2 if kind != "gpt_oss" else rank % 2 == 0
         assert out["experts_held"] == ([0, 1] if first else [2, 3]), rank
+
+
+def _refused_rope(rank: int, world: int) -> str:
+    import reshard_core
+    from reshard_core.testing.world import outcome
+
+    M.cpu_stand_ins()
+    dst = M.build("deepseek_v3", tp=1, ep=1)
+    with torch.no_grad():
+        before = {n: t.clone() for n, t in M.weights(dst).items()}
+    src = tiny.hf_model(tiny.config("deepseek_v3", rope_interleave=False), 5)
+    text = outcome(lambda: reshard_core.refit(src, dst))
+    untouched = all(torch.equal(t, before[n]) for n, t in M.weights(dst).items())
+    return f"{text} | untouched={untouched}"
+
+
+def test_a_deepseek_checkpoint_rotating_in_halves_is_refused_by_name_on_every_rank():
+    """HF's ``rope_interleave=False`` rotates the rope rows in halves; Megatron and vLLM rotate pairs."""
+    assert run_world(_refused_rope, 2, timeout=300) == [
+        "PlanError: ranks [0, 1]: rope_interleave=False is not supported by format 'hf': the rope rows of "
+        "q_b_proj and kv_a_proj_with_mqa then rotate in halves, where Megatron and vLLM rotate pairs"
+        " | untouched=True"
+    ] * 2

@@ -81,6 +81,14 @@ class DeepseekV3(Family):
         "self_attention.linear_kv_up_proj.weight": "self_attn.kv_b_proj.weight",
     }
 
+    def hf_refusal(self, config: Any) -> str:
+        if getattr(config, "rope_interleave", True) is False:
+            return (
+                "rope_interleave=False is not supported by format 'hf': the rope rows of q_b_proj and "
+                "kv_a_proj_with_mqa then rotate in halves, where Megatron and vLLM rotate pairs"
+            )
+        return ""
+
     def vllm_attention(self, b: VLLMBlocks, c: Any, n: int, p: str) -> None:
         hidden, heads, a = c.hidden_size, c.num_attention_heads, f"{p}.self_attn"
         q_rank, kv_rank = get(c, "q_lora_rank"), c.kv_lora_rank

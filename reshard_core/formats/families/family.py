@@ -115,6 +115,10 @@ class Family:
 
     # ------------------------------------------------------------------ transformers in memory
 
+    def hf_refusal(self, config: Any) -> str:
+        """Why a transformers config of this family has no mapping ("" when it has one)."""
+        return ""
+
     def hf_moves(self, spec: TensorSpec, rank: int) -> list[TensorSpec] | None:
         """The logical specs of a transformers 5 tensor; None: it has its logical name already.
         Default: fused experts ``...experts.gate_up_proj [E, 2I, H]`` (gate rows, then up rows) and
