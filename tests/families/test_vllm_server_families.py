@@ -20,6 +20,7 @@ update matching transformers on the weights the Megatron model holds.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,32 @@ def test_a_megatron_tp2_ep2_job_refits_the_deepseek_v3_server(server) -> None:
         assert tokens != previous and sorted(received) == [4, 5]
         assert all(got == expected > 0 for got, expected in received.values()), received
         previous = tokens
+
+
+def _init_outcome(rank: int, world: int, url: str) -> str:
+    from family_jobs import trainer
+
+    from reshard_core.testing.world import outcome
+
+    return outcome(lambda: trainer(rank, world, url, tiny.hf_model(tiny.unmapped_config(), 3), timeout=20))
+
+
+def test_a_model_type_no_family_maps_is_refused_at_trainer_init_on_every_rank(tmp_path) -> None:
+    """A Phi-3 engine: every trainer rank's ``trainer_init`` raises naming the type, before any update,
+    and the engine serves as before."""
+    model_dir = write_model_dir(tmp_path / "phi3", tiny.unmapped_config())
+    with VLLMServer(model_dir, tp=2, weight_transfer_backend="reshard", dtype="float32", startup_timeout=600,
+                    log_path=tmp_path / "server.log") as running:  # fmt: skip
+        before = running.completions(PROMPT, NEW_TOKENS)
+        outcomes = run_world(_init_outcome, 2, running.url, timeout=300)
+        assert running.completions(PROMPT, NEW_TOKENS) == before
+    why = (
+        "reshard: this engine cannot be refit: format 'vllm' knows model types deepseek_v3, glm4_moe, "
+        "gpt_oss, kimi_k2, llama, mistral, qwen2, qwen2_moe, qwen3, qwen3_moe, qwen3_next, not 'phi3'"
+    )
+    for rank, text in enumerate(outcomes):  # each rank names itself and the group's address
+        assert re.fullmatch(
+            rf"ReshardError: reshard: trainer_init failed: transfer group rank {rank} at 127\.0\.0\.1:\d+: "
+            + re.escape(why),
+            text,
+        ), text

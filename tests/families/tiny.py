@@ -150,3 +150,11 @@ def reference(kind: str, seed: int) -> Any:
 def dtype_name(kind: str) -> str:
     """The engine's dtype for family ``kind`` (its tiny config's)."""
     return str(config(kind).dtype).removeprefix("torch.")
+
+
+def unmapped_config() -> Any:
+    """A model vLLM's CPU build serves and no family maps (Phi-3: fused ``qkv_proj`` in its checkpoint)."""
+    from transformers import Phi3Config
+
+    return Phi3Config(**(COMMON | dict(num_key_value_heads=2, intermediate_size=256, pad_token_id=0,
+                                       architectures=["Phi3ForCausalLM"])))  # fmt: skip
