@@ -255,7 +255,8 @@ def test_an_engine_whose_shapes_do_not_fit_its_description_names_every_parameter
          VLLMParallel.of(range(3)),
          "the padded vocab (128) is not divisible by the TP size (3)"),
         (lambda: types.SimpleNamespace(model_type="gpt2"), VLLMParallel.of((0,)),
-         "knows model types llama, mistral, qwen2, qwen2_moe, qwen3, qwen3_moe, not 'gpt2'"),
+         "knows model types deepseek_v3, glm4_moe, gpt_oss, kimi_k2, llama, mistral, qwen2, qwen2_moe, "
+         "qwen3, qwen3_moe, qwen3_next, not 'gpt2'"),
     ],
 )  # fmt: skip
 def test_configs_the_convention_cannot_split_are_named(config, parallel, text):

@@ -75,11 +75,23 @@ class Family:
         return get(c, "num_experts", 0)
 
     def vllm_attention(self, b: VLLMBlocks, c: Any, n: int, p: str) -> None:
-        """Layer ``n``'s attention (``p``: ``model.layers.{n}``): GQA without biases or norms."""
-        h = head_dim(c)
+        """Layer ``n``'s attention (``p``: ``model.layers.{n}``): GQA, ``qkv_proj`` and ``o_proj`` with
+        the biases ``attention_biases`` says, and per-head q/k norms when ``qk_norms`` says so."""
+        h, (qkv_bias, o_bias) = head_dim(c), self.attention_biases(c)
         heads, kv = c.num_attention_heads, get(c, "num_key_value_heads", c.num_attention_heads)
-        b.qkv(f"{p}.self_attn.qkv_proj", f"{p}.self_attn", heads, kv, h, c.hidden_size, bias=False)
-        b.row(f"{p}.self_attn.o_proj", f"{p}.self_attn.o_proj", c.hidden_size, heads * h)
+        b.qkv(f"{p}.self_attn.qkv_proj", f"{p}.self_attn", heads, kv, h, c.hidden_size, bias=qkv_bias)
+        b.row(f"{p}.self_attn.o_proj", f"{p}.self_attn.o_proj", c.hidden_size, heads * h, bias=o_bias)
+        if self.qk_norms(c):
+            b.norm(f"{p}.self_attn.q_norm", h)
+            b.norm(f"{p}.self_attn.k_norm", h)
+
+    def attention_biases(self, c: Any) -> tuple[bool, bool]:
+        """Whether vLLM's attention of config ``c`` has (q/k/v biases, an ``o_proj`` bias)."""
+        return False, False
+
+    def qk_norms(self, c: Any) -> bool:
+        """Whether vLLM's attention of config ``c`` has per-head q/k RMSNorms."""
+        return False
 
     def vllm_mlp(self, b: VLLMBlocks, c: Any, n: int, p: str) -> None:
         """Layer ``n``'s MLP: a gated dense one of ``intermediate_size``."""

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..vllm_blocks import VLLMBlocks
 from .deepseek_v3 import moe_layer, moe_with_shared_experts, with_sigmoid_moe
-from .family import FP32, Family, get, head_dim
+from .family import FP32, Family, get
 
 
 class Glm4Moe(Family):
@@ -23,14 +23,11 @@ class Glm4Moe(Family):
     title = "GLM-4.5, GLM-4.6 (Air too)"
     model_types = ("glm4_moe",)
 
-    def vllm_attention(self, b: VLLMBlocks, c: Any, n: int, p: str) -> None:
-        h, bias = head_dim(c), bool(get(c, "attention_bias", False))
-        heads, kv = c.num_attention_heads, get(c, "num_key_value_heads", c.num_attention_heads)
-        b.qkv(f"{p}.self_attn.qkv_proj", f"{p}.self_attn", heads, kv, h, c.hidden_size, bias=bias)
-        b.row(f"{p}.self_attn.o_proj", f"{p}.self_attn.o_proj", c.hidden_size, heads * h)
-        if get(c, "use_qk_norm", False):
-            b.norm(f"{p}.self_attn.q_norm", h)
-            b.norm(f"{p}.self_attn.k_norm", h)
+    def attention_biases(self, c: Any) -> tuple[bool, bool]:
+        return bool(get(c, "attention_bias", False)), False
+
+    def qk_norms(self, c: Any) -> bool:
+        return bool(get(c, "use_qk_norm", False))
 
     def vllm_mlp(self, b: VLLMBlocks, c: Any, n: int, p: str) -> None:
         if moe_layer(c, n):

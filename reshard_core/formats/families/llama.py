@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..vllm_blocks import VLLMBlocks
-from .family import Family, get, head_dim
+from .family import Family, get
 
 
 class Llama(Family):
@@ -17,16 +17,13 @@ class Llama(Family):
     title = "Llama 2/3, Mistral"
     model_types = ("llama", "mistral")
 
-    def vllm_attention(self, b: VLLMBlocks, c: Any, n: int, p: str) -> None:
-        h, bias = head_dim(c), bool(get(c, "attention_bias", False))
-        heads, kv = c.num_attention_heads, get(c, "num_key_value_heads", c.num_attention_heads)
-        b.qkv(f"{p}.self_attn.qkv_proj", f"{p}.self_attn", heads, kv, h, c.hidden_size, bias=bias)
-        b.row(f"{p}.self_attn.o_proj", f"{p}.self_attn.o_proj", c.hidden_size, heads * h, bias=bias)
+    def attention_biases(self, c: Any) -> tuple[bool, bool]:
+        bias = bool(get(c, "attention_bias", False))
+        return bias, bias
 
     def vllm_mlp(self, b: VLLMBlocks, c: Any, n: int, p: str) -> None:
-        b.mlp(
-            f"{p}.mlp", f"{p}.mlp", c.intermediate_size, c.hidden_size, bias=bool(get(c, "mlp_bias", False))
-        )
+        bias = bool(get(c, "mlp_bias", False))
+        b.mlp(f"{p}.mlp", f"{p}.mlp", c.intermediate_size, c.hidden_size, bias=bias)
 
 
 FAMILY = Llama()

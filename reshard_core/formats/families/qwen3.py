@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..vllm_blocks import VLLMBlocks
-from .family import Family, get, head_dim
+from .family import Family, get
 
 
 class Qwen3(Family):
@@ -17,14 +16,11 @@ class Qwen3(Family):
     title = "Qwen3 (dense)"
     model_types = ("qwen3",)
 
-    def vllm_attention(self, b: VLLMBlocks, c: Any, n: int, p: str) -> None:
-        h = head_dim(c)
-        heads, kv = c.num_attention_heads, get(c, "num_key_value_heads", c.num_attention_heads)
-        bias = bool(get(c, "attention_bias", False))
-        b.qkv(f"{p}.self_attn.qkv_proj", f"{p}.self_attn", heads, kv, h, c.hidden_size, bias=bias)
-        b.row(f"{p}.self_attn.o_proj", f"{p}.self_attn.o_proj", c.hidden_size, heads * h)
-        b.norm(f"{p}.self_attn.q_norm", h)
-        b.norm(f"{p}.self_attn.k_norm", h)
+    def attention_biases(self, c: Any) -> tuple[bool, bool]:
+        return bool(get(c, "attention_bias", False)), False
+
+    def qk_norms(self, c: Any) -> bool:
+        return True
 
 
 FAMILY = Qwen3()
