@@ -90,7 +90,9 @@ class TransferGroup:
         another rank published (a trainer that does not know how many engine workers will join);
         ranks that pass a size publish it, and a rank passing another size is refused. Raises
         ``TransportError`` naming the address when the store cannot be reached, or when not every
-        rank joined within ``timeout`` seconds.
+        rank joined within ``timeout`` seconds; when the other side refused (``refuse``), the error's
+        ``refusal`` attribute is its reason, and the store's host waits (within ``timeout``) until
+        the other ranks of its job have read it.
         """
         if size is not None:
             _check_ranks(rank, size, job_ranks)
@@ -250,7 +252,11 @@ _READ_KEY = "reshard/transfer/refusal_read"
 
 
 class _Refused(TransportError):
-    """The other side refused to join (``TransferGroup.refuse``)."""
+    """The other side refused to join (``TransferGroup.refuse``); ``refusal`` is its reason."""
+
+    def __init__(self, message: str, refusal: str) -> None:
+        super().__init__(message)
+        self.refusal = refusal
 
 
 def _agree_size(store: Any, rank: int, size: int | None, address: str, timeout: float) -> int:
@@ -272,7 +278,8 @@ def _agree_size(store: Any, rank: int, size: int | None, address: str, timeout: 
             store.add(_READ_KEY, 1)
         except Exception:  # the count only keeps the store up for the other readers
             pass
-        raise _Refused(f"transfer group rank {rank} at {address}: {published[len(_REFUSED) :]}")
+        reason = published[len(_REFUSED) :]
+        raise _Refused(f"transfer group rank {rank} at {address}: {reason}", reason)
     if size is not None and int(published) != size:
         raise TransportError(
             f"transfer group rank {rank} at {address}: joined with size {size}, but the group was "

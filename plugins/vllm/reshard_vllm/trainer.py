@@ -98,7 +98,7 @@ class ReshardTrainerWeightTransferEngine(TrainerWeightTransferEngine[ReshardTrai
             except ReshardError as exc:
                 call.wait()  # the engine's own error names the cause (a worker that failed to join)
                 note = call.failure_note()
-                if note and str(exc).partition(": ")[2] in note:  # the engine refused: said once is enough
+                if getattr(exc, "refusal", ""):  # the engine refused, and said why: once is enough
                     note = ""
                 raise ReshardError(f"reshard: trainer_init failed: {exc}{note}") from exc
             call.wait()

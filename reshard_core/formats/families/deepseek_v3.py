@@ -65,7 +65,6 @@ def moe_with_shared_experts(
 
 class DeepseekV3(Family):
     name = "deepseek_v3"
-    title = "DeepSeek-V3 / R1, Kimi-K2, Moonlight (MLA)"
     model_types = ("deepseek_v3", "kimi_k2")
 
     megatron_settings = (("multi_latent_attention", True),)

@@ -15,8 +15,8 @@ in one place:
 - **transformers in memory** (``hf_moves``): transformers 5 fuses MoE experts into 3-D tensors;
   the default splits ``[E, 2I, H]`` (gate rows first) per expert.
 
-A family never reads another's file; shared behaviour is the base class's default or a parent family
-(Qwen3-MoE is Qwen3 with MoE layers).
+Shared behaviour is the base class's default, a parent family (Qwen3-MoE is Qwen3 with MoE layers)
+or a helper of the family that defines it (GLM-4.5 has DeepSeek-V3's MoE layers).
 """
 
 from __future__ import annotations
@@ -47,8 +47,6 @@ class Family:
     override the parts in which they differ from a Llama."""
 
     name: ClassVar[str] = ""
-    title: ClassVar[str] = ""
-    """Who uses it, for ``reshard formats list``."""
     model_types: ClassVar[tuple[str, ...]] = ()
 
     # ------------------------------------------------------------------ vLLM

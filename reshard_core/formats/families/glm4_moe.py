@@ -20,7 +20,6 @@ from .family import FP32, Family, get
 
 class Glm4Moe(Family):
     name = "glm4_moe"
-    title = "GLM-4.5, GLM-4.6 (Air too)"
     model_types = ("glm4_moe",)
 
     def attention_biases(self, c: Any) -> tuple[bool, bool]:

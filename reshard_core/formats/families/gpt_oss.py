@@ -46,7 +46,6 @@ _FUSED = {  # transformers' name → (logical projection names, is a weight)
 
 class GptOss(Family):
     name = "gpt_oss"
-    title = "GPT-OSS 20B, 120B"
     model_types = ("gpt_oss",)
     vllm_embedding = "model.embedding"
 

@@ -14,7 +14,6 @@ from .family import Family, get
 
 class Llama(Family):
     name = "llama"
-    title = "Llama 2/3, Mistral"
     model_types = ("llama", "mistral")
 
     def attention_biases(self, c: Any) -> tuple[bool, bool]:

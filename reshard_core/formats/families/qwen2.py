@@ -9,7 +9,6 @@ from .family import Family
 
 class Qwen2(Family):
     name = "qwen2"
-    title = "Qwen2, Qwen2.5"
     model_types = ("qwen2",)
 
     def attention_biases(self, c: Any) -> tuple[bool, bool]:

@@ -20,7 +20,6 @@ from .qwen3_moe import sparse
 
 class Qwen2Moe(Qwen2):
     name = "qwen2_moe"
-    title = "Qwen1.5-MoE, Qwen2-MoE"
     model_types = ("qwen2_moe",)
 
     megatron_settings = (("moe_shared_expert_gate", True),)

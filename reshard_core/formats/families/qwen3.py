@@ -13,7 +13,6 @@ from .family import Family, get
 
 class Qwen3(Family):
     name = "qwen3"
-    title = "Qwen3 (dense)"
     model_types = ("qwen3",)
 
     def attention_biases(self, c: Any) -> tuple[bool, bool]:

@@ -26,7 +26,6 @@ def sparse(c: Any, n: int) -> bool:
 
 class Qwen3Moe(Qwen3):
     name = "qwen3_moe"
-    title = "Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B)"
     model_types = ("qwen3_moe",)
 
     def vllm_mlp(self, b: VLLMBlocks, c: Any, n: int, p: str) -> None:

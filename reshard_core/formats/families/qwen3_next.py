@@ -31,7 +31,6 @@ from .qwen2_moe import Qwen2Moe
 
 class Qwen3Next(Qwen2Moe):
     name = "qwen3_next"
-    title = "Qwen3-Next (80B-A3B)"
     model_types = ("qwen3_next",)
     megatron_settings = ()
     megatron_mapped = False
