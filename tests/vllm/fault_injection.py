@@ -4,7 +4,8 @@ workers only, from outside the server.
 The TP2 test server runs with ``--worker-extension-cls fault_injection.FaultInjection`` (this folder
 on its ``PYTHONPATH``). ``POST /collective_rpc`` with ``{"method": "reshard_arm_fault", "args":
 [call, ranks]}`` arms the next ``call`` ("init", "start", "update" or "finish") to fail once on the
-workers whose rank is in ``ranks`` (comma-separated), with ``injected fault: <call> on worker <rank>``.
+workers whose rank is in ``ranks`` (comma-separated), with ``injected fault: <call> on worker <rank>``;
+"rollback" fails once a receive has closed its reload (as vLLM's own finalize once did on MLA layers).
 Each fault sits where a real one would: inside the engine's own step, so the code around it (the
 update's agreement, ``rpc_guard``) runs as it would for a real failure.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-CALLS = ("init", "start", "update", "finish")
+CALLS = ("init", "start", "update", "finish", "rollback")
 
 
 class FaultInjection:
@@ -37,6 +38,17 @@ class FaultInjection:
             import reshard_vllm.engine as module
 
             _fail_once(module, "declare_vllm", text)
+        elif call == "rollback":  # the receive's reload closed, then an error: the verdict carries it
+            from reshard_vllm.reload import LayerwiseUpdate
+
+            rollback = LayerwiseUpdate.rollback
+
+            def failing_rollback(update: Any) -> None:
+                LayerwiseUpdate.rollback = rollback
+                rollback(update)
+                raise RuntimeError(text)
+
+            LayerwiseUpdate.rollback = failing_rollback
         else:  # inside finish, while the worker opens the staged update, before a live weight changes
             finish = engine.finish_weight_update
 

@@ -169,7 +169,7 @@ def alternating_job(
 
 
 WORKER_FAULTS = tuple(
-    (call, ranks) for call in ("start", "update", "finish", "init") for ranks in ("1", "0,1")
+    (call, ranks) for call in ("start", "update", "rollback", "finish", "init") for ranks in ("1", "0,1")
 )
 """``(call, workers)``: each engine call failing on worker 1 only, then on both (``fault_injection``)."""
 
@@ -213,7 +213,9 @@ def worker_fault_job(rank: int, world: int, url: str, model_dir: str, seeds: lis
             engine.shutdown()
             out["outcomes"][case] = outcome(lambda: _engine(rank, world, url, 0, model, timeout=5))
         else:
+            start = time.monotonic()
             out["outcomes"][case] = outcome(lambda case=case: engine.send_weights(version=case))
+            out.setdefault("seconds", {})[case] = time.monotonic() - start
         if rank == 0:
             out["served"][case] = served()
         dist.barrier()

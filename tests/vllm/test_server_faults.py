@@ -115,8 +115,8 @@ def test_the_tp1_engine_survives_malformed_inits_and_a_killed_trainer(llama_tp1_
 
 
 def test_a_call_failing_on_one_worker_or_both_is_refused_alike_and_the_weights_stay(llama_tp2_server) -> None:
-    """``send_weights`` before ``trainer_init`` is refused. Then each engine call (start, update,
-    finish, init) made to fail on worker 1 only, then on both
+    """``send_weights`` before ``trainer_init`` is refused. Then each engine call (start, update, the
+    receive's rollback, finish, init) made to fail on worker 1 only, then on both
     (``fault_injection``): every trainer rank raises, naming exactly the workers that failed; the
     engine keeps serving the weights and the version of the last update that landed (never worker
     0's half of a new one); and the next call is answered by its own replies. A trainer rank whose
@@ -145,6 +145,8 @@ def test_a_call_failing_on_one_worker_or_both_is_refused_alike_and_the_weights_s
         else:
             assert texts[0] == texts[1], (case, texts)  # the same words on every trainer rank
         assert first["served"][case] == good, f"{case}: the engine serves something else than before"
+        if call == "rollback":  # the worker's error reached every trainer rank, not its timeout (60 s)
+            assert max(first["seconds"][case], second["seconds"][case]) < 30.0, case
     texts = [first["trainer"], second["trainer"]]
     assert texts[0] == texts[1], texts  # a trainer rank's own error: the same words everywhere, at once
     kept = "ReshardError: weight update failed, previous weights kept on every worker: "
