@@ -10,7 +10,8 @@ tests.
 - ``glm4_moe``: q/k/v biases, q/k layernorms, ``rotary_percent=0.5``, DeepSeek-V3's MoE;
 - ``gpt_oss``: ``softmax_type="learnable"`` (sinks), biases everywhere, ``quick_gelu`` with
   ``glu_linear_offset=1`` and a ±7 clamp (unfused: Megatron's fused path clamps before adding the fc1
-  bias), sliding windows on odd layers, expert TP 1 (Megatron's MoE biases need it).
+  bias), sliding windows on odd layers, expert TP 1 (Megatron's MoE biases need it);
+- ``qwen2_moe``: q/k/v biases, a softmax router, one shared expert with its sigmoid gate.
 
 Megatron 0.16.1 builds none of these on CPU as shipped. ``cpu_stand_ins`` installs what makes them
 run; none touches a weight:
@@ -177,7 +178,20 @@ def _gpt_oss(c: Any, tp: int, ep: int, etp: int | None) -> tuple[Any, dict]:
     return config, {}
 
 
-_CONFIGS = {"deepseek_v3": _deepseek_v3, "glm4_moe": _glm4_moe, "gpt_oss": _gpt_oss}
+def _qwen2_moe(c: Any, tp: int, ep: int, etp: int | None) -> tuple[Any, dict]:
+    import torch.nn.functional as F
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    config = TransformerConfig(**_common(c, tp, ep, etp), activation_func=F.silu,
+        num_query_groups=c.num_key_value_heads, kv_channels=c.hidden_size // c.num_attention_heads,
+        ffn_hidden_size=c.intermediate_size, add_qkv_bias=True, add_bias_linear=False,
+        num_moe_experts=c.num_experts, moe_ffn_hidden_size=c.moe_intermediate_size,
+        moe_shared_expert_intermediate_size=c.shared_expert_intermediate_size,
+        moe_shared_expert_gate=True)  # fmt: skip
+    return config, {}
+
+
+_CONFIGS = {"deepseek_v3": _deepseek_v3, "glm4_moe": _glm4_moe, "gpt_oss": _gpt_oss, "qwen2_moe": _qwen2_moe}
 KINDS = tuple(_CONFIGS)
 
 
@@ -263,7 +277,8 @@ def _tensor(model: Any, name: str, logical: dict, kind: str, at: tuple[int, int]
     c = tiny.config(kind)
     if what.startswith("self_attention.linear_qkv."):
         kind_ = what.rsplit(".", 1)[1]
-        heads, groups, h = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        heads, groups = c.num_attention_heads, c.num_key_value_heads
+        h = getattr(c, "head_dim", None) or c.hidden_size // heads
         p = heads // groups
         q, key, v = (logical[f"{hf}self_attn.{x}_proj.{kind_}"] for x in "qkv")
         blocks = []
@@ -279,10 +294,8 @@ def _tensor(model: Any, name: str, logical: dict, kind: str, at: tuple[int, int]
             return torch.cat([logical[f"{expert}{x}_proj.{part}"].chunk(etp)[es] for x in ("gate", "up")])
         return logical[f"{expert}down_proj.weight"].chunk(etp, dim=1)[es] if part == "weight" else logical[
             f"{expert}down_proj.bias"]  # fmt: skip
-    for fc1, where in (
-        ("mlp.linear_fc1.", "mlp."),
-        ("mlp.shared_experts.linear_fc1.", "mlp.shared_experts."),
-    ):
+    shared = "mlp.shared_expert." if kind == "qwen2_moe" else "mlp.shared_experts."  # one gated, or several
+    for fc1, where in (("mlp.linear_fc1.", "mlp."), ("mlp.shared_experts.linear_fc1.", shared)):
         if what.startswith(fc1):
             part = what.rsplit(".", 1)[1]
             return torch.cat([rows(logical[f"{hf}{where}{x}_proj.{part}"]) for x in ("gate", "up")])
@@ -300,7 +313,8 @@ def _tensor(model: Any, name: str, logical: dict, kind: str, at: tuple[int, int]
         "self_attention.linear_kv_up_proj.weight": (rows, "self_attn.kv_b_proj.weight"),
         "self_attention.core_attention.softmax_offset": (rows, "self_attn.sinks"),
         "mlp.linear_fc2.weight": (cols, "mlp.down_proj.weight"),
-        "mlp.shared_experts.linear_fc2.weight": (cols, "mlp.shared_experts.down_proj.weight"),
+        "mlp.shared_experts.linear_fc2.weight": (cols, f"{shared}down_proj.weight"),
+        "mlp.shared_experts.gate_weight": (None, "mlp.shared_expert_gate.weight"),
         "mlp.router.weight": (None, f"{router}.weight"),
         "mlp.router.bias": (None, "mlp.router.bias"),
         "mlp.router.expert_bias": (None, "mlp.gate.e_score_correction_bias"),

@@ -1,5 +1,5 @@
 """Megatron-Core ``GPTModel`` (TP2·EP2) ⇄ transformers, shard to shard, for DeepSeek-V3 (MLA),
-GLM-4.5 and GPT-OSS, in one 4-rank Gloo world per family.
+GLM-4.5, GPT-OSS and Qwen2-MoE, in one 4-rank Gloo world per family.
 
 Every Megatron model is real (``megatron_families.build``: local spec, CPU stand-ins that touch no
 weight), every HF model is transformers' own (``tiny``), and ``megatron_families.expected`` is an
@@ -12,7 +12,7 @@ independent converter from HF tensors to Megatron's parameters. Per family:
   NaN; afterwards every Megatron parameter and buffer (the router's fp32 ``expert_bias`` included)
   equals the conversion of B bit for bit, and Megatron's logits equal transformers'.
 
-Qwen2-MoE's Megatron mapping is tested in ``tests/formats/test_megatron_audit.py``.
+Qwen3-Next is not here: format "megatron" refuses it (docs/formats-audit.md says why).
 """
 
 from __future__ import annotations
