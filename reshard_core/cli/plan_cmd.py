@@ -86,7 +86,7 @@ def plan_command(
     own format (Megatron-Core, the vLLM convention, transformers under FSDP2); two different formats
     are planned in the logical (HF checkpoint) space, and the report adds what a gather-first
     converter would move. Megatron on both sides is the plan without format flags."""
-    from ..simulate.formats import format_table, gather_first_bytes, logical_shapes
+    from ..simulate.formats import format_table, gather_first_bytes, logical_shapes, shard_to_shard_bytes
     from ..simulate.run import simulate  # torch: imported only when a plan is made
 
     try:
@@ -142,6 +142,7 @@ def plan_command(
     report.formats = formats
     if formats is not None and formats[0] != formats[1]:  # within one format nothing is converted
         report.gather_first_bytes = gather_first_bytes(table)
+        report.shard_to_shard_bytes = shard_to_shard_bytes(table)
     if as_json:
         print_json(report.to_dict())
     else:
@@ -238,18 +239,7 @@ def _print(report: SimulationReport) -> None:
         ("bytes remote / local", f"{remote} / {local} ({local_share:.0%} local)"),
         ("messages (per peer per batch)", f"{totals['messages_total']}"),
         ("send/receive pairs checked", f"{report.pairs_checked}"),
-        *(
-            [
-                (
-                    "gather-first converter moves",
-                    f"{human(report.gather_first_bytes)} ({report.gather_first_bytes / moved:.1f}× ours)"
-                    if moved
-                    else human(report.gather_first_bytes),
-                )
-            ]
-            if report.gather_first_bytes is not None
-            else []
-        ),
+        *_against_gather_first(report),
         ("valid", "yes" if report.valid else "NO"),
     ]
     for row in rows:
@@ -273,6 +263,19 @@ def _print(report: SimulationReport) -> None:
     out.print(per_rank)
     if len(report.planned) > len(shown):
         out.print(f"({len(report.planned) - len(shown)} more ranks; --json lists all)")
+
+
+def _against_gather_first(report: SimulationReport) -> list[tuple[str, str]]:
+    """The comparison rows of a refit across formats: what it moves in all, every rank (planned or
+    not), and what a gather-first converter would."""
+    ours, theirs = report.shard_to_shard_bytes, report.gather_first_bytes
+    if theirs is None or ours is None:
+        return []
+    ratio = f" ({theirs / ours:.1f}× ours)" if ours else ""
+    return [
+        ("shard-to-shard bytes, every rank", human(ours)),
+        ("gather-first converter moves", human(theirs) + ratio),
+    ]
 
 
 def register(app: typer.Typer) -> None:

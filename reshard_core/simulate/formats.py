@@ -150,6 +150,17 @@ def gather_first_bytes(table: LayoutTable) -> int:
     return total
 
 
+def shard_to_shard_bytes(table: LayoutTable) -> int:
+    """Bytes a shard-to-shard refit moves in all (remote and local): each destination rank's own
+    elements, once. Exact whatever ranks a simulation planned (``gather_first_bytes`` is its peer)."""
+    total = 0
+    for entry in table.entries:
+        shape, size = tuple(entry.meta.shape), entry.meta.dtype.itemsize
+        for layout in entry.dst:
+            total += sum(prod(layout.local_shape(shape, r) or (0,)) for r in layout.mesh.ranks) * size
+    return total
+
+
 def _holds(layout: Layout, shape: tuple[int, ...], rank: int) -> bool:
     local = layout.local_shape(shape, rank)
     return local is not None and prod(local) > 0

@@ -57,6 +57,8 @@ class SimulationReport:
     formats: tuple[str, str] | None = None
     gather_first_bytes: int | None = None
     """Set for a refit across formats: what a gather-first converter would move (``formats``)."""
+    shard_to_shard_bytes: int | None = None
+    """Set with ``gather_first_bytes``: what this refit moves in all, every rank (planned or not)."""
 
     @property
     def plan_seconds_max(self) -> float:
@@ -95,7 +97,11 @@ class SimulationReport:
             **self.totals(),
             "pairs_checked": self.pairs_checked,
             **(
-                {"formats": list(self.formats), "gather_first_bytes": self.gather_first_bytes}
+                {
+                    "formats": list(self.formats),
+                    "gather_first_bytes": self.gather_first_bytes,
+                    "shard_to_shard_bytes": self.shard_to_shard_bytes,
+                }
                 if self.formats
                 else {}
             ),

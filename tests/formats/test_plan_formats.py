@@ -41,6 +41,7 @@ def test_hf_fsdp_to_vllm_moves_each_logical_element_once_and_a_quarter_of_gather
     assert data["valid"] is True and data["formats"] == ["hf", "vllm"]
     norms = (2 * 32 + 1) * 4096 * 2  # 65 bf16 RMSNorm weights, held whole by each of the 4 TP ranks
     assert data["bytes_remote_total"] + data["bytes_local_total"] == model_bytes + 3 * norms
+    assert data["shard_to_shard_bytes"] == model_bytes + 3 * norms  # the table's count: every rank
     assert data["gather_first_bytes"] == 4 * model_bytes  # every TP rank takes every tensor whole
 
 
@@ -132,7 +133,8 @@ def test_the_families_full_size_models_are_planned_into_vllm(model, src, dst, fm
     data = json.loads(result.stdout)
     assert data["valid"] is True and data["formats"] == [fmt, "vllm"]
     assert (data["ranks"], data["tensors"]) == (world, tensors)
-    assert data["gather_first_bytes"] > data["model_bytes"] > 0 and data["ops_total"] > 0
+    assert data["gather_first_bytes"] > data["shard_to_shard_bytes"] >= data["model_bytes"] > 0
+    assert data["ops_total"] > 0
 
 
 def test_a_routers_dtype_is_named_with_the_flag_that_accepts_it():
