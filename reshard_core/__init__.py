@@ -50,6 +50,7 @@ _EXPORTS = {
     "CanonicalFormat": "formats",
     "declare_format": "formats",
     "SplitView": "views",
+    "PiecewiseView": "views",
     # planning (offline and per rank)
     "LayoutTable": "plan.table",
     "TableEntry": "plan.table",

@@ -12,6 +12,12 @@ box out of it as a ``SplitRegion``: the few boxes of the base view it covers (a 
 The executor copies with ``copy_into``/``materialize``, which take plain tensors and split regions
 alike. A region in row-major order is the same bytes whichever side splits it, so sender and
 receiver still agree on a message's layout without knowing each other's grouping.
+
+``PiecewiseView`` is the other local tensor no strided view can be: one assembled along a dim from
+stretches of a parameter that are not evenly spaced (Megatron's Qwen3-Next ``in_proj`` holds a
+rank's ``[Q; K; V; Z; B; A]``, where HF's ``in_proj_qkvz`` interleaves them per key head), or a
+parameter stored with a constant ``offset`` (a zero-centred norm weight kept as ``w - 1``).
+``storage_views`` lists the plain views under any of them (to find the parameter they write).
 """
 
 from __future__ import annotations
@@ -70,6 +76,8 @@ class SplitRegion:
     dtype: torch.dtype
     device: torch.device
     pieces: tuple[tuple[tuple[slice, ...], torch.Tensor], ...]
+    offset: float = 0.0
+    """The region's values are its pieces' plus ``offset`` (computed in the pieces' dtype)."""
 
     def is_contiguous(self) -> bool:
         return False
@@ -152,26 +160,91 @@ def _viewable(view: torch.Tensor, shape: tuple[int, ...]) -> bool:
     return True
 
 
+class PiecewiseView:
+    """A local tensor made of plain views laid one after another along dim ``dim``, holding their
+    values plus ``offset``: ``parts`` are ``(start along dim, view)``, covering ``[0, shape[dim])``.
+
+    Reading a region gives the parts' values + ``offset`` (in their dtype), writing one stores the
+    written values - ``offset`` (cast first); both are exact for a norm weight in [0.5, 2] with
+    ``offset`` 1. Writes through ``region()`` land in the parts' storage.
+    """
+
+    def __init__(self, parts: Sequence[tuple[int, torch.Tensor]], dim: int = 0, offset: float = 0.0) -> None:
+        self.parts = tuple(sorted(((int(a), v) for a, v in parts), key=lambda p: p[0]))
+        first = self.parts[0][1]
+        at = 0
+        for start, view in self.parts:
+            rest = tuple(n for d, n in enumerate(view.shape) if d != dim)
+            if start != at or rest != tuple(n for d, n in enumerate(first.shape) if d != dim):
+                raise ValueError(f"PiecewiseView: parts {[(a, tuple(v.shape)) for a, v in self.parts]} "
+                                 f"do not tile dim {dim}")  # fmt: skip
+            at += view.shape[dim]
+        self.dim_, self.offset = dim, float(offset)
+        self.shape = torch.Size(at if d == dim else n for d, n in enumerate(first.shape))
+        self.dtype, self.device = first.dtype, first.device
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def __repr__(self) -> str:
+        return f"PiecewiseView(shape={tuple(self.shape)}, parts={len(self.parts)}, offset={self.offset})"
+
+    def region(self, offsets: Sequence[int], sizes: Sequence[int]) -> SplitRegion | torch.Tensor:
+        """The box at ``offsets`` of extent ``sizes``: a plain view when it lies in one part and
+        there is no offset."""
+        d, lo, hi = self.dim_, offsets[self.dim_], offsets[self.dim_] + sizes[self.dim_]
+        pieces = []
+        for start, view in self.parts:
+            a, b = max(lo, start), min(hi, start + view.shape[d])
+            if a >= b:
+                continue
+            index = [slice(o, o + s) for o, s in zip(offsets, sizes, strict=True)]
+            index[d] = slice(a - start, b - start)
+            slices = [slice(0, s) for s in sizes]
+            slices[d] = slice(a - lo, b - lo)
+            pieces.append((tuple(slices), view[tuple(index)]))
+        if len(pieces) == 1 and not self.offset:
+            return pieces[0][1]
+        return SplitRegion(tuple(int(s) for s in sizes), self.dtype, self.device, tuple(pieces), self.offset)
+
+
+def storage_views(tensor: object) -> list[torch.Tensor]:
+    """The plain views a local tensor reads and writes (its parts, a split view's base, itself)."""
+    if isinstance(tensor, PiecewiseView):
+        return [view for _, view in tensor.parts]
+    if isinstance(tensor, SplitView):
+        return [tensor.base]
+    return [tensor] if isinstance(tensor, torch.Tensor) else []
+
+
 Region = torch.Tensor | SplitRegion
 
 
-def region(tensor: torch.Tensor | SplitView, offsets: Sequence[int], sizes: Sequence[int]) -> Region:
+def region(
+    tensor: torch.Tensor | SplitView | PiecewiseView, offsets: Sequence[int], sizes: Sequence[int]
+) -> Region:
     """The view of ``tensor`` starting at local ``offsets`` with extent ``sizes`` (no copy)."""
-    if isinstance(tensor, SplitView):
+    if isinstance(tensor, (SplitView, PiecewiseView)):
         return tensor.region(offsets, sizes)
     return tensor[tuple(slice(o, o + s) for o, s in zip(offsets, sizes, strict=True))]
 
 
 def copy_into(dst: Region, src: Region) -> None:
-    """``dst.copy_(src)`` for plain tensors and split regions of one shape (dtype cast as ``copy_``)."""
+    """``dst.copy_(src)`` for plain tensors and split regions of one shape (dtype cast as ``copy_``);
+    a region's ``offset`` is added when it is read and subtracted when it is written."""
     if isinstance(dst, torch.Tensor) and isinstance(src, torch.Tensor):
         dst.copy_(src)
     elif isinstance(dst, SplitRegion) and isinstance(src, torch.Tensor):
         for slices, view in dst.pieces:
             view.copy_(src[slices].view(view.shape))
+            if dst.offset:
+                view.sub_(dst.offset)
     elif isinstance(src, SplitRegion) and isinstance(dst, torch.Tensor):
         for slices, view in src.pieces:
-            dst[slices].view(view.shape).copy_(view)
+            dst[slices].view(view.shape).copy_(view + src.offset if src.offset else view)
     else:  # two groupings that need not line up: through one contiguous copy
         copy_into(dst, materialize(src))
 

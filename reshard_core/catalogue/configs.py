@@ -27,6 +27,10 @@ class LinearAttentionConfig:
     conv_kernel: int
     full_every: int
 
+    def is_linear(self, layer: int) -> bool:
+        """Whether layer ``layer`` is a delta-net layer (the others are gated full attention)."""
+        return (layer + 1) % self.full_every != 0
+
 
 @dataclass(frozen=True)
 class GPTConfig:

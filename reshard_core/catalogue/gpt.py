@@ -6,8 +6,9 @@ holds [gate; up], TP ``partition_stride=2``), shared experts (and Qwen2-MoE's ga
 fp32 ``expert_bias``, multi-latent attention (``MLASelfAttention`` with the local spec: down/up
 projections are column-parallel, ``linear_proj`` row-parallel), q/k/v biases, GPT-OSS's biases (the
 router's, the experts', ``linear_proj``'s) and learned softmax offsets (one per head, split over TP
-by heads). Gated delta-net layers (Qwen3-Next) have no mapping in format "megatron": a config with
-them is refused.
+by heads), and Qwen3-Next's layers: gated delta-net (``GatedDeltaNet``: ``in_proj`` and ``conv1d``
+column-parallel, ``dt_bias``/``A_log`` by value heads, ``out_proj`` row-parallel) and full attention
+whose ``linear_qkv`` also holds the output gates.
 """
 
 from __future__ import annotations
@@ -24,11 +25,6 @@ BF16 = torch.bfloat16
 
 def gpt_shapes(cfg: GPTConfig) -> ModelShapes:
     """Every weight of a Megatron GPTModel built from ``cfg``, with global names."""
-    if cfg.linear_attention is not None:
-        raise ValueError(
-            f"{cfg.name}: format 'megatron' does not map gated delta-net layers (Megatron-Core builds them "
-            "with Transformer Engine only); plan it from another format, e.g. --src-format hf"
-        )
     h = cfg.hidden
     out = [ShapeEntry("embedding.word_embeddings.weight", (cfg.vocab, h), BF16, "vocab", -1)]
     for layer in range(cfg.layers):
@@ -38,7 +34,10 @@ def gpt_shapes(cfg: GPTConfig) -> ModelShapes:
             out.append(ShapeEntry(p + suffix, shape, dtype, kind, layer, expert))
 
         add("input_layernorm.weight", (h,))
-        _attention(cfg, add)
+        if cfg.linear_attention is not None and cfg.linear_attention.is_linear(layer):
+            _delta_net(cfg, add)
+        else:
+            _attention(cfg, add)
         add("pre_mlp_layernorm.weight", (h,))
         if cfg.experts and layer >= cfg.first_dense_layers:
             _moe(cfg, add)
@@ -65,7 +64,8 @@ def _attention(cfg: GPTConfig, add) -> None:
         add("self_attention.linear_proj.weight", (h, cfg.heads * m.v_head_dim), "row")
         return
     hd = cfg.head_dim or h // cfg.heads
-    add("self_attention.linear_qkv.weight", ((cfg.heads + 2 * cfg.kv_heads) * hd, h), "column")
+    gates = cfg.heads if cfg.linear_attention is not None else 0  # Qwen3-Next gates every head
+    add("self_attention.linear_qkv.weight", ((cfg.heads + gates + 2 * cfg.kv_heads) * hd, h), "column")
     if cfg.qkv_bias:
         add("self_attention.linear_qkv.bias", ((cfg.heads + 2 * cfg.kv_heads) * hd,), "column")
     if cfg.qk_norm:
@@ -76,6 +76,17 @@ def _attention(cfg: GPTConfig, add) -> None:
     add("self_attention.linear_proj.weight", (h, cfg.heads * hd), "row")
     if cfg.linear_bias:
         add("self_attention.linear_proj.bias", (h,))
+
+
+def _delta_net(cfg: GPTConfig, add) -> None:
+    la = cfg.linear_attention
+    keys, values = la.key_heads * la.key_head_dim, la.value_heads * la.value_head_dim
+    add("self_attention.in_proj.weight", (2 * (keys + values + la.value_heads), cfg.hidden), "column")
+    add("self_attention.conv1d.weight", (2 * keys + values, 1, la.conv_kernel), "column")
+    add("self_attention.dt_bias", (la.value_heads,), "column")
+    add("self_attention.A_log", (la.value_heads,), "column")
+    add("self_attention.out_norm.weight", (la.value_head_dim,))
+    add("self_attention.out_proj.weight", (cfg.hidden, values), "row")
 
 
 def _mlp(cfg: GPTConfig, add, prefix: str, ffn: int, expert: int | None = None) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..views import SplitView
+from ..views import storage_views
 
 _serials = itertools.count(1)
 _writers: dict[int, int] = {}
@@ -101,8 +101,7 @@ def written_only_by(dst: Mapping[str, torch.Tensor | None], serial: int) -> bool
 
 
 def _storage_keys(dst: Mapping[str, torch.Tensor | None]) -> Iterable[int]:
-    """The storage address under each destination (a ``SplitView``'s: its base's)."""
+    """The storage address under each destination (a split or piecewise view's: its parts')."""
     for tensor in dst.values():
-        tensor = tensor.base if isinstance(tensor, SplitView) else tensor
-        if isinstance(tensor, torch.Tensor):
-            yield getattr(tensor, "_local_tensor", tensor).untyped_storage().data_ptr()
+        for view in storage_views(tensor):
+            yield getattr(view, "_local_tensor", view).untyped_storage().data_ptr()

@@ -5,7 +5,8 @@ Three mistakes write wrong data (or none) without any error at execution: a dest
 (stride 0: many elements share one memory cell), and two destination tensors sharing memory
 (one silently overwrites the other). ``destination_problems`` lists them for the verdict round, so
 every rank raises the same error. Views of one parameter that touch disjoint elements (the q/k/v
-rows of a fused projection, a ``SplitView`` of interleaved groups) are legitimate: overlap is
+rows of a fused projection, a ``SplitView`` of interleaved groups, the parts of a
+``PiecewiseView``) are legitimate: overlap is
 decided on the elements each tensor addresses, not on shared storage.
 """
 
@@ -17,7 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from ..specs import TensorSpec
-from ..views import SplitView
+from ..views import storage_views
 
 
 def destination_problems(specs: Sequence[TensorSpec], rank: int, ignore: Sequence[str] = ()) -> list[str]:
@@ -27,26 +28,31 @@ def destination_problems(specs: Sequence[TensorSpec], rank: int, ignore: Sequenc
         name, tensor = spec.meta.name, spec.tensor
         if any(fnmatch.fnmatchcase(name, p) for p in ignore):
             continue
-        base = tensor.base if isinstance(tensor, SplitView) else tensor
-        if not isinstance(base, torch.Tensor):
-            continue
-        if base.device.type == "meta":
-            problems.append(
-                f"destination tensor '{name}' on rank {rank} is on the meta device (it has no storage to "
-                "write into); materialise the model first (e.g. to_empty() and initialise it)"
-            )
-            continue
-        zero = [d for d, (n, s) in enumerate(zip(base.shape, base.stride(), strict=True)) if s == 0 and n > 1]
-        if zero:
-            problems.append(
-                f"destination tensor '{name}' on rank {rank} is expanded (stride 0 along dim {zero[0]}): "
-                "many of its elements share one memory cell; give it its own storage (e.g. .clone())"
-            )
-            continue
-        if base.numel():
-            strided.append((name, base))
+        for base in storage_views(tensor):
+            problem = _problem(name, base, rank)
+            if problem:
+                problems.append(problem)
+                break
+            if base.numel():
+                strided.append((name, base))
     problems += _overlaps(strided, rank)
     return problems
+
+
+def _problem(name: str, base: torch.Tensor, rank: int) -> str:
+    """Why a destination's storage view cannot be written correctly ("" when it can)."""
+    if base.device.type == "meta":
+        return (
+            f"destination tensor '{name}' on rank {rank} is on the meta device (it has no storage to "
+            "write into); materialise the model first (e.g. to_empty() and initialise it)"
+        )
+    zero = [d for d, (n, s) in enumerate(zip(base.shape, base.stride(), strict=True)) if s == 0 and n > 1]
+    if zero:
+        return (
+            f"destination tensor '{name}' on rank {rank} is expanded (stride 0 along dim {zero[0]}): "
+            "many of its elements share one memory cell; give it its own storage (e.g. .clone())"
+        )
+    return ""
 
 
 def _extent(t: torch.Tensor) -> tuple[int, int]:

@@ -39,10 +39,11 @@ Megatron (``decoder.layers.L.`` → ``model.layers.L.``)   logical
 ``mtp.layers.{k}.transformer_layer.*``                  ``model.layers.{N+k}.*`` (as a decoder layer)
 ======================================================  =============================================
 
-``N`` is ``num_layers`` (DeepSeek-V3's multi-token-prediction naming). Settings with no mapping
-(multi-latent attention, LayerNorm, learned position embeddings, an attention output gate, learned
-softmax offsets, zero-centered norm weights unless ``norms_as_stored``) are refused by name before
-any data moves (``megatron_config.py``); docs/formats-audit.md lists every setting that changes
+``N`` is ``num_layers`` (DeepSeek-V3's multi-token-prediction naming). A family's own layers
+(multi-latent attention, learned softmax offsets, Qwen3-Next's delta-net and gated attention) are
+mapped in its file (``families/``). Settings with no mapping (LayerNorm, learned position
+embeddings, an output gate outside Qwen3-Next, off-by-one softmax, sparse attention, zero-centered
+norm weights outside Qwen3-Next unless ``norms_as_stored``) are refused by name before any data moves (``megatron_config.py``); docs/formats-audit.md lists every setting that changes
 weights and what is done with it. A parameter the table does not name is returned as unmapped,
 which a refit reports as one error listing every name.
 
@@ -180,20 +181,22 @@ def _layer(
 
 def _qkv(spec: TensorSpec, prefix: str, kind: str, config: MegatronConfig, rank: int) -> list[Mapped]:
     """Group-major ``[q heads of group g; k_g; v_g]`` blocks → q/k/v_proj; with
-    ``rotary_interleaved`` each q/k head's rows are regrouped from pairs into halves."""
+    ``rotary_interleaved`` each q/k head's rows are regrouped from pairs into halves; with output
+    gates (``[q heads; gate heads; k_g; v_g]``) each q_proj head is its query, then its gate."""
     nh, ng, h = config.num_attention_heads, config.num_query_groups, config.kv_channels
-    p, block = nh // ng, config.qkv_block
+    p, block, gates = nh // ng, config.qkv_block, "2·" if config.output_gate else ""
     if spec.meta.shape[0] != ng * block:
         raise FormatError(
-            f"{spec.meta.name} has {spec.meta.shape[0]} rows; num_query_groups·(heads/groups + 2)"
-            f"·kv_channels = {ng}·{p + 2}·{h} = {ng * block}"
+            f"{spec.meta.name} has {spec.meta.shape[0]} rows; num_query_groups·({gates}heads/groups + 2)"
+            f"·kv_channels = {ng}·{block // h}·{h} = {ng * block}"
         )
-    pairs = h if config.rotary_interleaved else 0
-    pieces = (("q_proj", 0, p * h, pairs), ("k_proj", p * h, h, pairs), ("v_proj", (p + 1) * h, h, 0))
+    pairs, q = (h if config.rotary_interleaved else 0), (2 if config.output_gate else 1) * p * h
+    pieces = (("q_proj", 0, q, pairs), ("k_proj", q, h, pairs), ("v_proj", q + h, h, 0))
     return [
-        regroup(spec, 0, block, start, size, f"{prefix}self_attn.{x}.{kind}", rank, pairs_of=rotary)
+        regroup(spec, 0, block, start, size, f"{prefix}self_attn.{x}.{kind}", rank, pairs_of=rotary,
+                gated_heads=h if x == "q_proj" and config.output_gate else 0)
         for x, start, size, rotary in pieces
-    ]
+    ]  # fmt: skip
 
 
 class MegatronFormat(ModelFormat):
@@ -218,7 +221,7 @@ class MegatronFormat(ModelFormat):
         self.norms_as_stored = norms_as_stored
 
     def model_types(self) -> tuple[str, ...]:
-        return tuple(sorted(t for f in FAMILIES if f.megatron_mapped for t in f.model_types))
+        return tuple(sorted(t for f in FAMILIES for t in f.model_types))
 
     def detect(self, model: Any) -> bool:
         if any(

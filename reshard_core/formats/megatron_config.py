@@ -19,21 +19,14 @@ REFUSED: tuple[tuple[str, object, str], ...] = (
     (
         "attention_output_gate",
         True,
-        "linear_qkv puts each query group's gates after its query heads, where HF's q_proj "
-        "interleaves them per head, and Qwen3-Next's Megatron layers are not mapped (Megatron-Core "
-        "0.16.1 builds them with Transformer Engine only); refit Qwen3-Next from transformers",
+        "linear_qkv then holds per query group its query heads, their gates, k and v, which only "
+        "Qwen3-Next (experimental_attention_variant='gated_delta_net') maps",
     ),
     ("normalization", "LayerNorm", "the HF families mapped here use RMSNorm, which has no biases"),
     (
         "softmax_type",
         "off-by-one",
         "the HF families mapped here use a plain softmax or GPT-OSS's learned sinks",
-    ),
-    (
-        "experimental_attention_variant",
-        "gated_delta_net",
-        "its linear-attention layers are not mapped (Megatron-Core 0.16.1 builds them with Transformer "
-        "Engine only); refit Qwen3-Next from transformers",
     ),
     (
         "experimental_attention_variant",
@@ -44,8 +37,8 @@ REFUSED: tuple[tuple[str, object, str], ...] = (
     (
         "layernorm_zero_centered_gamma",
         True,
-        "its norm weights are stored as w - 1; when the other side stores them so too (Gemma, "
-        "Qwen3-Next) pass MegatronFormat(norms_as_stored=True)",
+        "its norm weights are stored as w - 1; when the other side stores them so too (Gemma) "
+        "pass MegatronFormat(norms_as_stored=True)",
     ),
 )
 """``(TransformerConfig field, value, why)``: settings with no mapping, refused by name unless the
@@ -66,7 +59,8 @@ class MegatronConfig:
     ``num_layers``: decoder layers (names multi-token-prediction layers ``N + k``; None: MTP unmapped).
     ``rotary_interleaved``: q/k rows hold each head's rotary pairs side by side (regrouped into HF's
     halves). ``family``: the model family whose names the logical tensors take ("" for the shared
-    ones of Llama, Qwen2/3, Qwen3-MoE, GLM-4.5, DeepSeek-V3's MoE).
+    ones of Llama, Qwen2/3, Qwen3-MoE, GLM-4.5, DeepSeek-V3's MoE). ``output_gate``: ``linear_qkv``
+    holds each query group's output gates after its query heads (Qwen3-Next).
     """
 
     num_attention_heads: int
@@ -78,6 +72,9 @@ class MegatronConfig:
     vocab_size: int | None = None
     rotary_interleaved: bool = False
     family: str = ""
+    output_gate: bool = False
+    delta_net: tuple[int, int, int, int] | None = None
+    """Gated delta-net layers' (key heads, value heads, key head size, value head size)."""
 
     @classmethod
     def of(
@@ -102,6 +99,9 @@ class MegatronConfig:
                     or (field, value) in family.megatron_settings
                 ):
                     raise refused(field, value, why)
+            refusal = family.megatron_refusal(config)
+            if refusal:
+                raise FormatError(f"format 'megatron' cannot map this {family.name} model: {refusal}")
             heads = int(config.num_attention_heads)
             kv = getattr(config, "kv_channels", None) or int(config.hidden_size) // heads
             layers = getattr(config, "num_layers", None)
@@ -116,6 +116,8 @@ class MegatronConfig:
                 num_layers=int(layers) if layers is not None else None,
                 rotary_interleaved=bool(getattr(config, "rotary_interleaved", False)),
                 family=family.name,
+                output_gate=bool(getattr(config, "attention_output_gate", False)),
+                delta_net=_delta_net(config),
             )
         if vocab_size is not None:
             base = replace(base, vocab_size=int(vocab_size))
@@ -130,8 +132,23 @@ class MegatronConfig:
 
     @property
     def qkv_block(self) -> int:
-        """Rows of one query group in ``linear_qkv``: ``(p + 2)·h``."""
-        return (self.num_attention_heads // self.num_query_groups + 2) * self.kv_channels
+        """Rows of one query group in ``linear_qkv``: ``(p + 2)·h``, ``(2p + 2)·h`` with gates."""
+        p = self.num_attention_heads // self.num_query_groups
+        return ((2 if self.output_gate else 1) * p + 2) * self.kv_channels
+
+
+def _delta_net(config: Any) -> tuple[int, int, int, int] | None:
+    fields = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim")
+    fields += ("linear_value_head_dim",)
+    if getattr(config, "experimental_attention_variant", None) != "gated_delta_net":
+        return None
+    missing = [f for f in fields if not getattr(config, f, None)]
+    if missing:
+        raise FormatError(
+            "format 'megatron' cannot map this qwen3_next model: "
+            f"experimental_attention_variant='gated_delta_net' needs {', '.join(missing)}"
+        )
+    return tuple(int(getattr(config, f)) for f in fields)  # type: ignore[return-value]
 
 
 def check_model(root: Any, config: Any) -> None:

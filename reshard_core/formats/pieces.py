@@ -15,6 +15,9 @@ tensors it holds: the logical layout derived from the physical one, and the loca
   (Megatron's group-major ``linear_qkv``, also with TP > query groups or rotary pairs).
 - ``halves``: rotary pairs regrouped into halves along an unsharded dim (a q/k norm weight).
 - ``every``: every ``step``-th index of an unsharded dim (GPT-OSS's gate and up columns, interleaved).
+- ``components``: a dim sharded per component (``[Q_r | K_r | V_r]`` on rank r), so marked.
+- ``assembled``: a local tensor laid out otherwise than the logical one, assembled from stretches
+  (Megatron's Qwen3-Next ``in_proj``), or stored with an offset (a norm weight kept as ``w - 1``).
 - ``unpad``: a padded dim whose first ``size`` indices are real (a vocab padded for TP); returns
   the local padding too, which a destination zero-fills once and a source never sends.
 
@@ -25,6 +28,7 @@ with the cut language of ``cuts.py`` instead.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 from itertools import product
@@ -34,7 +38,7 @@ import torch
 from ..errors import FormatError
 from ..layout import Layout, Mesh, Replicate, Shard, chunk_bounds
 from ..specs import TensorMeta, TensorSpec
-from ..views import SplitView
+from ..views import PiecewiseView, SplitView
 
 
 def rename(spec: TensorSpec, name: str) -> TensorSpec:
@@ -136,6 +140,7 @@ def regroup(
     rank: int,
     *,
     pairs_of: int = 0,
+    gated_heads: int = 0,
 ) -> TensorSpec:
     """Dim ``dim`` is blocks of ``block`` indices; keep ``[start, start + size)`` of each.
 
@@ -147,6 +152,10 @@ def regroup(
     ``pairs_of=h``: the stretch is heads of ``h`` indices stored as adjacent rotary pairs
     (Megatron's ``rotary_interleaved``); logically each head is its pairs' first elements, then
     their second ones (HF's ``rotate_half``). The local tensor is then a permuted view.
+
+    ``gated_heads=h``: the stretch is the query heads of ``h`` indices, then as many output-gate
+    heads (Megatron's ``attention_output_gate``); logically each head's query is followed by its
+    gate (Qwen3-Next's ``q_proj``). Ranks must hold whole blocks.
     """
     shape = tuple(spec.meta.shape)
     if shape[dim] % block or not 0 <= start <= start + size <= block:
@@ -168,11 +177,18 @@ def regroup(
         base = local.unflatten(dim, (blocks, block)).narrow(dim + 1, start, size)
         if pairs_of:
             return TensorSpec(meta, layout, _halves(base, dim + 1, pairs_of, lead=1))
+        if gated_heads:
+            return TensorSpec(meta, layout, _gated(base, dim, gated_heads))
         if blocks <= 1 or size == block:
             return TensorSpec(meta, layout, base.flatten(dim, dim + 1))
         groups = [(n,) for n in local.shape]
         groups[dim] = (blocks, size)
         return TensorSpec(meta, layout, SplitView(base, groups))
+    if gated_heads:
+        raise FormatError(
+            f"{spec.meta.name}: a rank holding part of a query group (TP > query groups) "
+            "splits its gated heads; keep TP ≤ num_query_groups"
+        )
     layout, kept = _partial_blocks(spec, dim, block, start, size, rank, pairs_of)
     if spec.tensor is None or kept is None:
         return TensorSpec(meta, layout, None)
@@ -205,6 +221,46 @@ def every(spec: TensorSpec, dim: int, start: int, step: int, name: str) -> Tenso
     return TensorSpec(TensorMeta(name, shape, spec.meta.dtype), spec.layout, tensor)
 
 
+def components(spec: TensorSpec, dim: int, sizes: Sequence[int], name: str) -> TensorSpec:
+    """``spec`` whose dim ``dim`` is components of ``sizes``, each split over the ranks that shard it
+    (rank r holds its chunk of every component, in order); the shards are marked so."""
+    sizes = tuple(int(n) for n in sizes)
+    cutting = _cutting(spec.layout, dim)
+    if sum(sizes) != spec.meta.shape[dim] or any(p.stride != 1 or p.components for _, p in cutting):
+        raise FormatError(f"{spec.meta.name}: dim {dim} is not components {sizes} sharded as {spec.layout}")
+    placements = tuple(Shard(dim, components=sizes) if isinstance(p, Shard) and p.dim == dim else p
+                       for p in spec.layout.placements)  # fmt: skip
+    tensor = _local(spec, name) if spec.tensor is not None else None
+    meta = TensorMeta(name, tuple(spec.meta.shape), spec.meta.dtype)
+    return TensorSpec(meta, Layout(spec.layout.mesh, placements), tensor)
+
+
+def assembled(
+    spec: TensorSpec,
+    name: str,
+    shape: tuple[int, ...],
+    parts: Sequence[tuple[int, int, int]] = (),
+    *,
+    offset: float = 0.0,
+) -> TensorSpec:
+    """Logical tensor ``name`` of global ``shape``, sharded along dim 0 as ``spec`` is (evenly, by
+    the same ranks), whose local tensor is assembled from stretches of ``spec``'s: ``parts`` are
+    ``(start in the logical local tensor, start in the physical one, rows)`` (none: the whole of
+    it); it holds the stored values plus ``offset`` (``views.PiecewiseView``)."""
+    layout, cutting, width = spec.layout, _cutting(spec.layout, 0), ways(spec, 0)
+    if any(p.stride != 1 or p.components or p.sizes for _, p in cutting) or shape[0] % width:
+        raise FormatError(f"{spec.meta.name}: {name} {shape} cannot be sharded as {layout}")
+    meta = TensorMeta(name, tuple(shape), spec.meta.dtype)
+    if spec.tensor is None:
+        return TensorSpec(meta, layout, None)
+    local = _local(spec, name)
+    parts = parts or ((0, 0, local.shape[0]),)
+    view = PiecewiseView([(at, local.narrow(0, start, rows)) for at, start, rows in parts], 0, offset)
+    if tuple(view.shape) != (shape[0] // width, *shape[1:]):
+        raise FormatError(f"{spec.meta.name}: its parts make {tuple(view.shape)} of {name} {shape}")
+    return TensorSpec(meta, layout, view)
+
+
 def _halves(t: torch.Tensor, dim: int, head: int, lead: int = 0) -> SplitView:
     """``t`` whose dim ``dim`` is whole heads of ``head`` pairs-adjacent indices, as the view whose
     logical dim (base dims ``dim - lead … dim``) lists per head the pairs' first elements, then their
@@ -215,6 +271,16 @@ def _halves(t: torch.Tensor, dim: int, head: int, lead: int = 0) -> SplitView:
     groups.append((*t.shape[dim - lead : dim], heads, 2, head // 2))
     groups += [(n,) for n in t.shape[dim + 1 :]]
     return SplitView(base, groups)
+
+
+def _gated(base: torch.Tensor, dim: int, head: int) -> SplitView:
+    """``base`` of dims ``(blocks, [q heads; gate heads])`` at ``dim``, as the view listing per block
+    each head's query rows, then its gate's."""
+    blocks, rows = base.shape[dim], base.shape[dim + 1]
+    heads = rows // (2 * head)
+    view = base.unflatten(dim + 1, (2, heads, head)).transpose(dim + 1, dim + 2)
+    groups = [(n,) for n in base.shape[:dim]] + [(blocks, heads, 2, head)]
+    return SplitView(view, groups + [(n,) for n in base.shape[dim + 2 :]])
 
 
 def _whole_blocks(spec: TensorSpec, dim: int, block: int) -> bool:
@@ -333,6 +399,11 @@ def unpad(
     local = _local(spec, name)
     pad = local.narrow(dim, keep, local.shape[dim] - keep)
     return TensorSpec(meta, layout, local.narrow(dim, 0, keep)), (pad if pad.numel() else None)
+
+
+def ways(spec: TensorSpec, dim: int) -> int:
+    """Into how many shards the ranks cut dim ``dim`` of ``spec``."""
+    return math.prod(spec.layout.mesh.shape[m] for m, _ in _cutting(spec.layout, dim))
 
 
 def _local(spec: TensorSpec, name: str) -> torch.Tensor:

@@ -22,7 +22,7 @@ import torch
 
 from ..extract import iter_tensors, root_modules
 from ..specs import TensorSpec
-from ..views import SplitView
+from ..views import storage_views
 
 _Span = tuple[int, int, int]  # (storage data_ptr, first element, one past the last)
 
@@ -46,17 +46,22 @@ def coverage_problems(
     for label, view in [(s.meta.name, s.tensor) for s in specs if s.source is None] + [
         (None, p) for p in padding
     ]:
-        base = view.base if isinstance(view, SplitView) else view
-        span = _span(base) if isinstance(base, torch.Tensor) and view.numel() else None
-        if span is None:
-            continue
-        owner = _owner(params.get(span[0], ()), span)
-        if owner is None:
-            if label is not None:
-                stray.append(label)
-            continue
-        counts[owner[2]] = counts.get(owner[2], 0) + view.numel()
-        sizes[owner[2]] = owner[3]
+        parts = storage_views(view)
+        if len(parts) == 1 and parts[0] is not view:  # a split view: its elements, over its base
+            parts = [(parts[0], view.numel())]
+        else:
+            parts = [(p, p.numel()) for p in parts]
+        for base, numel in parts:
+            span = _span(base) if numel else None
+            if span is None:
+                continue
+            owner = _owner(params.get(span[0], ()), span)
+            if owner is None:
+                if label is not None and label not in stray:
+                    stray.append(label)
+                continue
+            counts[owner[2]] = counts.get(owner[2], 0) + numel
+            sizes[owner[2]] = owner[3]
     short = [f"{n} ({sizes[n] - c} of {sizes[n]} elements)" for n, c in counts.items() if c < sizes[n]]
     over = [f"{n} ({c - sizes[n]} elements more than it holds)" for n, c in counts.items() if c > sizes[n]]
     out = []

@@ -101,7 +101,20 @@ def megatron_config(config: GPTConfig) -> SimpleNamespace:
         moe_ffn_hidden_size=config.moe_ffn or None, qk_layernorm=config.qk_norm, num_layers=config.layers,
         share_embeddings_and_output_weights=config.tied, multi_latent_attention=config.mla is not None,
         softmax_type="learnable" if config.sinks else "vanilla",
-        moe_shared_expert_gate=config.shared_expert_gate,
+        moe_shared_expert_gate=config.shared_expert_gate, **_delta_net(config),
+    )  # fmt: skip
+
+
+def _delta_net(config: GPTConfig) -> dict:
+    """Qwen3-Next's Megatron settings (as Megatron-Bridge builds it), none for other models."""
+    la = config.linear_attention
+    if la is None:
+        return {}
+    return dict(
+        experimental_attention_variant="gated_delta_net", attention_output_gate=True,
+        layernorm_zero_centered_gamma=True, linear_num_key_heads=la.key_heads,
+        linear_num_value_heads=la.value_heads, linear_key_head_dim=la.key_head_dim,
+        linear_value_head_dim=la.value_head_dim,
     )  # fmt: skip
 
 
@@ -124,11 +137,8 @@ def _hf(config: GPTConfig, par: Parallel, offset: int) -> list[TensorSpec]:
 
 def _logical(config: GPTConfig) -> list[TensorSpec]:
     """Every logical tensor (name, shape, dtype) of a catalogue model, whatever the layout: as the
-    Megatron format maps its shapes, or, for a model Megatron does not map, as the vLLM convention
-    holds its family."""
-    if config.linear_attention is None:
-        return _megatron(config, Parallel(), 0)
-    return vllm_logical_specs(hf_config(config), VLLMParallel.of((0,)))
+    Megatron format maps its shapes."""
+    return _megatron(config, Parallel(), 0)
 
 
 def logical_shapes(config: GPTConfig) -> ModelShapes:

@@ -74,8 +74,7 @@ def test_catalogue_sizes_match_the_public_models():
     from reshard_core.catalogue import CONFIGS
     from reshard_core.simulate.formats import logical_shapes
 
-    megatron = [n for n in model_names() if CONFIGS[n].linear_attention is None]
-    params = {n: sum(math.prod(t.shape) for t in get_model(n).tensors) for n in megatron}
+    params = {n: sum(math.prod(t.shape) for t in get_model(n).tensors) for n in model_names()}
     assert params["llama3-8b"] == 8_030_261_248
     assert params["llama3-70b"] == 70_553_706_496
     assert round(params["qwen3-30b-a3b"] / 1e9, 1) == 30.5
@@ -85,8 +84,9 @@ def test_catalogue_sizes_match_the_public_models():
     assert round(params["gpt-oss-120b"] / 1e9, 2) == 116.83
     assert len(get_model("deepseek-v3").tensors) == 30486
     assert get_model("deepseek-v3").num_experts == 256
-    qwen3_next = logical_shapes(CONFIGS["qwen3-next-80b"])  # Megatron's shapes of it do not exist here
-    assert round(sum(math.prod(t.shape) for t in qwen3_next.tensors) / 1e9, 1) == 79.7
+    assert round(params["qwen3-next-80b"] / 1e9, 1) == 79.7
+    qwen3_next = logical_shapes(CONFIGS["qwen3-next-80b"])  # HF's tensors: as many elements
+    assert sum(math.prod(t.shape) for t in qwen3_next.tensors) == params["qwen3-next-80b"]
 
 
 def test_json_shapes_round_trip_and_infer_layers_and_experts(tmp_path):

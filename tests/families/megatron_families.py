@@ -11,7 +11,10 @@ tests.
 - ``gpt_oss``: ``softmax_type="learnable"`` (sinks), biases everywhere, ``quick_gelu`` with
   ``glu_linear_offset=1`` and a ±7 clamp (unfused: Megatron's fused path clamps before adding the fc1
   bias), sliding windows on odd layers, expert TP 1 (Megatron's MoE biases need it);
-- ``qwen2_moe``: q/k/v biases, a softmax router, one shared expert with its sigmoid gate.
+- ``qwen2_moe``: q/k/v biases, a softmax router, one shared expert with its sigmoid gate;
+- ``qwen3_next``: gated delta-net layers (``experimental_attention_variant="gated_delta_net"``) and
+  full-attention layers with output gates and q/k layernorms, zero-centred norms, Qwen2-MoE's MoE,
+  ``rotary_percent=0.25``; float32 (``tiny.FLOAT32``).
 
 Megatron 0.16.1 builds none of these on CPU as shipped. ``cpu_stand_ins`` installs what makes them
 run; none touches a weight:
@@ -22,7 +25,13 @@ run; none touches a weight:
   value head sizes (it rejects the ``k_channels`` / ``v_channels`` MLA passes), and
   ``multi_latent_attention.HAVE_TE = False`` (without TE it holds mock classes, which ``isinstance``
   rejects);
-- ``cpu_sliding_window_mask``: the sliding-window causal mask Megatron builds on "cuda", built on CPU.
+- ``cpu_sliding_window_mask``: the sliding-window causal mask Megatron builds on "cuda", built on CPU;
+- Qwen3-Next (``qwen3_next_stand_ins``): Megatron builds it only from Transformer Engine's spec
+  and runs flash-linear-attention's kernels. ``qwen3_next_spec`` assembles the same layers from
+  Megatron's local modules with ``ZeroCenteredRMSNormStandIn`` (TE's ``zero_centered_gamma`` RMSNorm:
+  ``x / rms(x) · (1 + w)``), and the delta rule runs Megatron's own torch implementation
+  (``torch_chunk_gated_delta_rule``) with an L2 norm written out (``l2norm_stand_in``); torch.compile
+  (Megatron's ``jit_fuser`` on the gated norms) is off.
 
 MLA's local spec gathers its down projections over the *global* TP group, so ``init_parallel_state``
 sets Megatron's global state to the model's TP and EP sizes.
@@ -82,6 +91,63 @@ def mla_core_attention_stand_in() -> type:
     return MLACoreAttentionStandIn
 
 
+class ZeroCenteredRMSNormStandIn(torch.nn.Module):
+    """Transformer Engine's RMSNorm with ``zero_centered_gamma``: ``x / rms(x) · (1 + w)``, ``w`` from 0."""
+
+    def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, **_: Any) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.zeros(hidden_size, dtype=config.params_dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * (1.0 + self.weight.float())).to(x.dtype)
+
+
+def l2norm_stand_in(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """flash-linear-attention's ``l2norm`` over the last dim."""
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
+
+
+def qwen3_next_stand_ins() -> None:
+    """Let Megatron's ``GatedDeltaNet`` build and run on CPU without flash-linear-attention."""
+    import megatron.core.ssm.gated_delta_net as gdn
+    import torch._dynamo
+
+    torch._dynamo.config.disable = True
+    gdn.HAVE_FLA = True
+    gdn.l2norm = l2norm_stand_in
+    gdn.chunk_gated_delta_rule = gdn.torch_chunk_gated_delta_rule
+
+
+def qwen3_next_spec(config: Any) -> Any:
+    """Qwen3-Next's decoder block from Megatron's local modules (its own spec needs Transformer
+    Engine): delta-net layers where ``linear_attention_freq`` says, norms zero-centred."""
+    import copy
+
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.ssm.gated_delta_net import GatedDeltaNet, GatedDeltaNetSubmodules
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    norm = ZeroCenteredRMSNormStandIn
+    block = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
+    layers = []
+    for n, layer in enumerate(block.layer_specs):
+        layer = copy.deepcopy(layer)
+        sub = layer.submodules
+        sub.input_layernorm, sub.pre_mlp_layernorm = norm, norm
+        if config.linear_attention_freq[n]:
+            sub.self_attention = ModuleSpec(module=GatedDeltaNet, submodules=GatedDeltaNetSubmodules(
+                in_proj=ColumnParallelLinear, out_norm=norm, out_proj=RowParallelLinear))  # fmt: skip
+        else:
+            sub.self_attention.submodules.q_layernorm = norm
+            sub.self_attention.submodules.k_layernorm = norm
+        layers.append(layer)
+    block.layer_specs, block.layer_norm = layers, norm
+    return block
+
+
 def init_parallel_state(tp: int, ep: int, etp: int | None = None) -> None:
     """Megatron's global parallel state at the model's sizes (MLA's local spec gathers over it)."""
     from megatron.core import parallel_state
@@ -104,11 +170,15 @@ def build(kind: str, tp: int, ep: int) -> Any:
 
     from reshard_core.testing.models import build_pg_collection
 
-    c = tiny.config(kind)
+    c = config_of(kind)
     etp = 1 if kind == "gpt_oss" else None
     init_parallel_state(tp, ep, etp)
     config, options = _CONFIGS[kind](c, tp, ep, etp)
-    spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
+    if kind == "qwen3_next":
+        qwen3_next_stand_ins()
+        spec = qwen3_next_spec(config)
+    else:
+        spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
     if kind == "deepseek_v3":
         for layer in spec.layer_specs:
             layer.submodules.self_attention.submodules.core_attention = mla_core_attention_stand_in()
@@ -191,7 +261,34 @@ def _qwen2_moe(c: Any, tp: int, ep: int, etp: int | None) -> tuple[Any, dict]:
     return config, {}
 
 
-_CONFIGS = {"deepseek_v3": _deepseek_v3, "glm4_moe": _glm4_moe, "gpt_oss": _gpt_oss, "qwen2_moe": _qwen2_moe}
+def _qwen3_next(c: Any, tp: int, ep: int, etp: int | None) -> tuple[Any, dict]:
+    import torch.nn.functional as F
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    linear = [int(kind == "linear_attention") for kind in c.layer_types]
+    config = TransformerConfig(**_common(c, tp, ep, etp), activation_func=F.silu,
+        num_query_groups=c.num_key_value_heads, kv_channels=c.head_dim, ffn_hidden_size=c.intermediate_size,
+        add_bias_linear=False, qk_layernorm=True, attention_output_gate=True,
+        layernorm_zero_centered_gamma=True, num_moe_experts=c.num_experts,
+        moe_ffn_hidden_size=c.moe_intermediate_size,
+        moe_shared_expert_intermediate_size=c.shared_expert_intermediate_size, moe_shared_expert_gate=True,
+        experimental_attention_variant="gated_delta_net", linear_attention_freq=linear,
+        linear_conv_kernel_dim=c.linear_conv_kernel_dim, linear_key_head_dim=c.linear_key_head_dim,
+        linear_value_head_dim=c.linear_value_head_dim, linear_num_key_heads=c.linear_num_key_heads,
+        linear_num_value_heads=c.linear_num_value_heads)  # fmt: skip
+    return config, {"rotary_percent": c.rope_parameters["partial_rotary_factor"]}
+
+
+_CONFIGS = {
+    "deepseek_v3": _deepseek_v3, "glm4_moe": _glm4_moe, "gpt_oss": _gpt_oss, "qwen2_moe": _qwen2_moe,
+    "qwen3_next": _qwen3_next,
+}  # fmt: skip
+
+
+def config_of(kind: str) -> Any:
+    """The transformers config the family's Megatron model is built like (Qwen3-Next in float32:
+    Megatron's parameters are, and logits are compared)."""
+    return tiny.config(kind, dtype="float32") if kind == "qwen3_next" else tiny.config(kind)
 KINDS = tuple(_CONFIGS)
 
 
@@ -274,7 +371,12 @@ def _tensor(model: Any, name: str, logical: dict, kind: str, at: tuple[int, int]
     _, _, k, what = name.split(".", 3)
     layer = model.decoder.layers[int(k)]
     hf = f"model.layers.{layer.layer_number - 1}."
-    c = tiny.config(kind)
+    c = config_of(kind)
+    if kind == "qwen3_next" and c.layer_types[layer.layer_number - 1] == "linear_attention":
+        if what.startswith("self_attention."):
+            return _delta_net(what, logical, f"{hf}linear_attn.", c, at)
+    if kind == "qwen3_next" and what == "self_attention.linear_qkv.weight":
+        return rows(_gated_qkv(logical, f"{hf}self_attn.", c))
     if what.startswith("self_attention.linear_qkv."):
         kind_ = what.rsplit(".", 1)[1]
         heads, groups = c.num_attention_heads, c.num_key_value_heads
@@ -294,7 +396,8 @@ def _tensor(model: Any, name: str, logical: dict, kind: str, at: tuple[int, int]
             return torch.cat([logical[f"{expert}{x}_proj.{part}"].chunk(etp)[es] for x in ("gate", "up")])
         return logical[f"{expert}down_proj.weight"].chunk(etp, dim=1)[es] if part == "weight" else logical[
             f"{expert}down_proj.bias"]  # fmt: skip
-    shared = "mlp.shared_expert." if kind == "qwen2_moe" else "mlp.shared_experts."  # one gated, or several
+    one_gated = kind in ("qwen2_moe", "qwen3_next")
+    shared = "mlp.shared_expert." if one_gated else "mlp.shared_experts."  # one gated, or several
     for fc1, where in (("mlp.linear_fc1.", "mlp."), ("mlp.shared_experts.linear_fc1.", shared)):
         if what.startswith(fc1):
             part = what.rsplit(".", 1)[1]
@@ -322,3 +425,39 @@ def _tensor(model: Any, name: str, logical: dict, kind: str, at: tuple[int, int]
     }
     cut, key = table[what]
     return cut(logical[hf + key]) if cut else logical[hf + key]
+
+
+def _gated_qkv(logical: dict, a: str, c: Any) -> torch.Tensor:
+    """Megatron's whole ``linear_qkv`` with output gates: per query group its query heads, their
+    gates, k and v; HF's ``q_proj`` holds per head its query rows, then its gate rows."""
+    heads, groups, h = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    p = heads // groups
+    q = logical[f"{a}q_proj.weight"].view(heads, 2, h, -1)
+    k, v = logical[f"{a}k_proj.weight"], logical[f"{a}v_proj.weight"]
+    blocks = []
+    for g in range(groups):
+        mine = q[g * p : (g + 1) * p]
+        blocks += [mine[:, 0].reshape(p * h, -1), mine[:, 1].reshape(p * h, -1)]
+        blocks += [k[g * h : (g + 1) * h], v[g * h : (g + 1) * h]]
+    return torch.cat(blocks)
+
+
+def _delta_net(what: str, logical: dict, a: str, c: Any, at: tuple[int, int]) -> torch.Tensor:
+    """A Megatron ``GatedDeltaNet`` parameter on TP rank ``at[1]`` of ``at[0]`` from HF's linear_attn."""
+    tp, s = at
+    nk, nv = c.linear_num_key_heads, c.linear_num_value_heads
+    dk, dv, per = c.linear_key_head_dim, c.linear_value_head_dim, nv // nk
+    mine = list(range(s * nk // tp, (s + 1) * nk // tp))
+    if what == "self_attention.in_proj.weight":  # rank s: [Q_s; K_s; V_s; Z_s; B_s; A_s]
+        qkvz = logical[f"{a}in_proj_qkvz.weight"].view(nk, 2 * dk + 2 * per * dv, -1)[mine]
+        ba = logical[f"{a}in_proj_ba.weight"].view(nk, 2 * per, -1)[mine]
+        parts = [*qkvz.split([dk, dk, per * dv, per * dv], dim=1), *ba.split([per, per], dim=1)]
+        return torch.cat([t.reshape(-1, t.shape[-1]) for t in parts])
+    if what == "self_attention.conv1d.weight":  # channels [Q | K | V], each split over TP
+        parts = logical[f"{a}conv1d.weight"].split([nk * dk, nk * dk, nv * dv])
+        return torch.cat([t.chunk(tp)[s] for t in parts])
+    if what == "self_attention.out_norm.weight":  # zero-centred in Megatron, x·w in HF
+        return logical[f"{a}norm.weight"] - 1
+    if what == "self_attention.out_proj.weight":
+        return logical[f"{a}out_proj.weight"].chunk(tp, dim=1)[s]
+    return logical[f"{a}{what.removeprefix('self_attention.')}"].chunk(tp)[s]  # dt_bias, A_log

@@ -1,5 +1,5 @@
 """Megatron-Core ``GPTModel`` (TP2·EP2) ⇄ transformers, shard to shard, for DeepSeek-V3 (MLA),
-GLM-4.5, GPT-OSS and Qwen2-MoE, in one 4-rank Gloo world per family.
+GLM-4.5, GPT-OSS, Qwen2-MoE and Qwen3-Next (gated delta-net), in one 4-rank Gloo world per family.
 
 Every Megatron model is real (``megatron_families.build``: local spec, CPU stand-ins that touch no
 weight), every HF model is transformers' own (``tiny``), and ``megatron_families.expected`` is an
@@ -11,8 +11,6 @@ independent converter from HF tensors to Megatron's parameters. Per family:
 - HF → Megatron: an FSDP2 transformers model of weights B is refit into a Megatron model full of
   NaN; afterwards every Megatron parameter and buffer (the router's fp32 ``expert_bias`` included)
   equals the conversion of B bit for bit, and Megatron's logits equal transformers'.
-
-Qwen3-Next is not here: format "megatron" refuses it (docs/formats-audit.md says why).
 """
 
 from __future__ import annotations
@@ -50,12 +48,12 @@ def _roundtrip(rank: int, world: int, kind: str) -> dict:
 
     M.cpu_stand_ins()
     out: dict = {}
-    source = tiny.hf_model(kind, 1, std=STD)
+    source = tiny.hf_model(M.config_of(kind), 1, std=STD)
     src = M.build(kind, tp=2, ep=2)
     with torch.no_grad():
         for name, t in M.weights(src).items():
             t.copy_(M.expected(src, M.logical_of(_hf_tensors(source), kind), kind)[name])
-    hf = tiny.hf_model(kind, 99, std=STD)
+    hf = tiny.hf_model(M.config_of(kind), 99, std=STD)
     reshard_core.refit(src, hf)
     out["to_hf"] = _differ(_hf_tensors(hf), _hf_tensors(source))
     with torch.no_grad():
@@ -63,8 +61,8 @@ def _roundtrip(rank: int, world: int, kind: str) -> dict:
     megatron_logits = M.logits(src, IDS)
     out["to_hf_logits"] = (float((hf_logits - megatron_logits).abs().max()), float(hf_logits.std()))
 
-    trainer = tiny.hf_model(kind, 2, std=STD)
-    reference = tiny.hf_model(kind, 2, std=STD)
+    trainer = tiny.hf_model(M.config_of(kind), 2, std=STD)
+    reference = tiny.hf_model(M.config_of(kind), 2, std=STD)
     for layer in trainer.model.layers:
         fully_shard(layer)
     fully_shard(trainer)

@@ -284,25 +284,28 @@ def test_config_from_a_transformer_config_and_refusals():
 
 REFUSED = [
     ("attention_output_gate", True, "attention_output_gate=True is not supported by format 'megatron': "
-     "linear_qkv puts each query group's gates after its query heads, where HF's q_proj interleaves them "
-     "per head, and Qwen3-Next's Megatron layers are not mapped (Megatron-Core 0.16.1 builds them with "
-     "Transformer Engine only); refit Qwen3-Next from transformers"),
+     "linear_qkv then holds per query group its query heads, their gates, k and v, which only Qwen3-Next "
+     "(experimental_attention_variant='gated_delta_net') maps"),
     ("normalization", "LayerNorm", "normalization='LayerNorm' is not supported by format 'megatron': the HF "
      "families mapped here use RMSNorm, which has no biases"),
     ("softmax_type", "off-by-one", "softmax_type='off-by-one' is not supported by format 'megatron': the HF "
      "families mapped here use a plain softmax or GPT-OSS's learned sinks"),
-    ("experimental_attention_variant", "gated_delta_net", "experimental_attention_variant='gated_delta_net' "
-     "is not supported by format 'megatron': its linear-attention layers are not mapped (Megatron-Core "
-     "0.16.1 builds them with Transformer Engine only); refit Qwen3-Next from transformers"),
     ("experimental_attention_variant", "dsa", "experimental_attention_variant='dsa' is not supported by "
      "format 'megatron': its sparse-attention indexer (DeepSeek-V3.2) is not mapped, and vLLM's CPU build "
      "cannot serve it"),
     ("heterogeneous_block_specs", True, "heterogeneous_block_specs=True is not supported by format "
      "'megatron': layers of different shapes or replaced blocks are not mapped"),
     ("layernorm_zero_centered_gamma", True, "layernorm_zero_centered_gamma=True is not supported by format "
-     "'megatron': its norm weights are stored as w - 1; when the other side stores them so too (Gemma, "
-     "Qwen3-Next) pass MegatronFormat(norms_as_stored=True)"),
+     "'megatron': its norm weights are stored as w - 1; when the other side stores them so too (Gemma) "
+     "pass MegatronFormat(norms_as_stored=True)"),
 ]  # fmt: skip
+
+
+QWEN3_NEXT = dict(
+    experimental_attention_variant="gated_delta_net", attention_output_gate=True,
+    layernorm_zero_centered_gamma=True, moe_shared_expert_gate=True, linear_num_key_heads=2,
+    linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -312,8 +315,9 @@ REFUSED = [
         ({"softmax_type": "learnable"}, "gpt_oss"),
         ({"moe_shared_expert_gate": True}, "qwen2_moe"),
         ({"softmax_type": "vanilla"}, ""),
+        (QWEN3_NEXT, "qwen3_next"),
     ],
-    ids=["mla", "sinks", "gated-shared-expert", "llama-names"],
+    ids=["mla", "sinks", "gated-shared-expert", "llama-names", "gated-delta-net"],
 )
 def test_the_settings_only_a_family_uses_pick_its_names(settings, family):
     config = SimpleNamespace(num_attention_heads=8, num_query_groups=2, kv_channels=8, **settings)
@@ -326,6 +330,25 @@ def test_a_setting_with_no_mapping_is_refused_by_name(field, value, text):
     with pytest.raises(FormatError) as info:
         MegatronConfig.of(config)
     assert str(info.value) == text
+
+
+@pytest.mark.parametrize(
+    ("missing", "why"),
+    [
+        ("layernorm_zero_centered_gamma", "its norms are zero-centred (HF computes x·(1 + w)); build it with "
+         "layernorm_zero_centered_gamma=True, as Megatron-Bridge does"),
+        ("attention_output_gate", "its full-attention layers gate their output; build it with "
+         "attention_output_gate=True"),
+        ("linear_num_value_heads", "experimental_attention_variant='gated_delta_net' needs "
+         "linear_num_value_heads"),
+    ],
+)  # fmt: skip
+def test_a_qwen3_next_model_built_otherwise_than_its_checkpoint_is_refused_by_name(missing, why):
+    config = SimpleNamespace(num_attention_heads=8, num_query_groups=2, kv_channels=8, **QWEN3_NEXT)
+    setattr(config, missing, None if missing.startswith("linear") else False)
+    with pytest.raises(FormatError) as info:
+        MegatronConfig.of(config)
+    assert str(info.value) == f"format 'megatron' cannot map this qwen3_next model: {why}"
 
 
 def test_zero_centered_norms_move_as_stored_when_asked():
@@ -400,3 +423,30 @@ def test_partial_rotary_adds_no_weight_and_is_mapped():
     duck = _DuckGPT(SimpleNamespace(num_attention_heads=8, num_query_groups=2, kv_channels=8))
     duck.rotary_percent = 0.5
     assert MegatronFormat().config_of(duck).kv_channels == 8
+
+
+def test_qwen3_next_in_proj_offline_layouts_equal_the_live_ones_and_a_wrong_size_is_named():
+    """Megatron's delta-net ``in_proj`` (rank r: ``[Q_r; K_r; V_r; Z_r; B_r; A_r]``) is the same two
+    logical tensors, laid out alike, with and without tensors; a row count off the config is named."""
+    config = SimpleNamespace(num_attention_heads=8, num_query_groups=2, kv_channels=8, **QWEN3_NEXT)
+    name = "decoder.layers.0.self_attention.in_proj.weight"
+    rows = 2 * (2 * 8 + 4 * 8 + 4)  # nk·dk, nv·dv, nv, twice each
+    layout = _tp(2, Shard(0))
+    offline = MegatronFormat(config=config).map_offline(TensorSpec(TensorMeta(name, (rows, H), torch.float32),
+                                                                   layout, None))  # fmt: skip
+    assert [(s.meta.name, s.meta.shape) for s in offline] == [
+        ("model.layers.0.linear_attn.in_proj_qkvz.weight", (2 * (2 * 8 + 2 * 2 * 8), H)),
+        ("model.layers.0.linear_attn.in_proj_ba.weight", (8, H)),
+    ]
+    for rank in range(2):
+        live = megatron_logical_specs(
+            _spec(name, torch.zeros(rows, H), layout, rank), MegatronConfig.of(config), rank
+        )
+        assert [(s.meta, s.layout) for s in offline] == [(s.meta, s.layout) for s in live]
+    wrong = TensorSpec(TensorMeta(name, (rows - 2, H), torch.float32), layout, None)
+    with pytest.raises(FormatError) as info:
+        MegatronFormat(config=config).map_offline(wrong)
+    assert str(info.value) == (
+        f"{name} has 102 rows: not [Q; K; V; Z; B; A] of 2 key heads of 8 and 4 value heads of 8 split "
+        "evenly over TP"
+    )

@@ -113,8 +113,8 @@ FULL_SIZE = [  # (model, source layout, destination layout, source format, extra
     ("gpt-oss-120b", "tp=4,pp=2,ep=8,etp=1,dp=8", "tp=4,dp=2", "megatron", (), 64,
      3 + 36 * (9 + 2 + 2 + 128 * 6)),
     # Qwen3-Next: 36 delta-net layers (7 tensors), 12 gated attention layers (6), all MoE with a gated
-    # shared expert; Megatron does not map it (below)
-    ("qwen3-next-80b", "fsdp=8", "tp=4,dp=2", "hf", (), 8,
+    # shared expert; A_log in fp32 in vLLM
+    ("qwen3-next-80b", "tp=2,pp=4,ep=8,dp=8", "tp=4,dp=2", "megatron", ("--cast",), 64,
      3 + 36 * 7 + 12 * 6 + 48 * (2 + 1 + 512 * 3 + 3 + 1)),
 ]  # fmt: skip
 
@@ -148,11 +148,11 @@ def test_a_routers_dtype_is_named_with_the_flag_that_accepts_it():
     assert result.output.rstrip().endswith("; pass --cast to convert on the way (the sender converts)")
 
 
-def test_qwen3_next_has_no_megatron_mapping_and_says_what_to_plan_instead():
+def test_qwen3_next_with_more_tp_ranks_than_query_groups_is_refused_naming_the_gated_heads():
     result = run("--model", "qwen3-next-80b", "--src", "tp=4", "--dst", "tp=4", "--dst-format", "vllm")
     assert result.exit_code == 2
     assert result.output.strip() == (
-        "error: --model: qwen3-next-80b: format 'megatron' does not map gated delta-net layers "
-        "(Megatron-Core builds them with Transformer Engine only); plan it from another format, "
-        "e.g. --src-format hf"
+        "error: --dst-format: FormatError: decoder.layers.3.self_attention.linear_qkv.weight: "
+        "a rank holding part of a query group (TP > query groups) splits its gated heads; keep TP ≤ "
+        "num_query_groups"
     )

@@ -102,8 +102,6 @@ class Family:
     ``model.layers.L.``) is another than the shared table's, or that only this family has."""
     megatron_shared_expert: ClassVar[str] = "mlp.shared_experts."
     """The logical prefix of Megatron's ``mlp.shared_experts`` (DeepSeek-V3's plural by default)."""
-    megatron_mapped: ClassVar[bool] = True
-    """Whether format "megatron" maps a Megatron-Core model of this family."""
     megatron_activations: ClassVar[tuple[str, ...]] = ("silu",)
     """The activations of this family's gated MLPs (``TransformerConfig.activation_func``)."""
 
@@ -115,6 +113,10 @@ class Family:
     def megatron_matches(self, config: Any) -> bool:
         """Whether a Megatron ``TransformerConfig`` is of this family (by a setting only it uses)."""
         return any(getattr(config, field, None) == value for field, value in self.megatron_settings)
+
+    def megatron_refusal(self, config: Any) -> str:
+        """Why a Megatron config of this family has no mapping ("" when it has one)."""
+        return ""
 
     def megatron_moves(
         self, spec: TensorSpec, prefix: str, rest: str, config: Any, rank: int
