@@ -18,6 +18,11 @@ record naming that peer (``blame``), so ranks that only wait on the relaying ran
 that failed first, not their neighbour; a wait that breaks gives a relay ``RELAY_WAIT`` seconds to
 land before it raises its own error.
 
+A rank that hosts its group's store and published a failure waits at exit (``linger_at_exit``,
+at most ``LINGER`` seconds) until every peer either published a record of its own or is named by
+one: a peer still reading the board would otherwise find the store gone with its host, and name
+the host instead of the rank that failed first.
+
 Only failures write to the store, plus ``on_slow``: a wait still blocked after its first tick may
 mark itself (``bounded.wait`` does, so that at the deadline the ranks that never joined are told
 apart at once). Every store call is bounded (``store_calls``): a board read ends at the wait's own
@@ -27,6 +32,7 @@ deadline plus ``GRACE`` at the latest, and a store whose host stopped answering 
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator
@@ -55,6 +61,10 @@ UNBOUNDED = 300.0
 RELAY_WAIT = 0.3
 """Seconds a broken wait looks for a peer's record before raising its own error (a neighbour that
 saw the first failure closes its connections a moment before its record lands)."""
+
+LINGER = 10.0
+"""Seconds at most a store-hosting rank that published a failure waits at exit for its peers to
+learn of it."""
 
 FIRST_TICK = 0.02
 """Seconds a wait blocks before it first looks at the board (most waits end sooner)."""
@@ -171,7 +181,9 @@ def publish(view: RefitGroup, exc: BaseException, culprits: tuple[int, ...] = ()
         call(view.store(), write, GRACE, view.store_host())
         _published.add(view.key)
     except Exception:
-        pass
+        return
+    if view.rank == 0 and view.store_host().name == "rank 0":  # this process hosts the store
+        _hosted[view.key] = view
 
 
 def _retract(view: RefitGroup) -> None:
@@ -361,6 +373,42 @@ class Board:
 
     def _what(self) -> str:
         return self.what() if callable(self.what) else self.what
+
+
+_hosted: dict[Hashable, RefitGroup] = {}
+"""The groups whose store this process hosts and on whose board it published a failure."""
+
+
+@atexit.register
+def linger_at_exit(seconds: float = LINGER) -> None:
+    """Keep this process (and the stores it hosts) until every peer of a group it published a failure
+    on has learnt of it: each has a record of its own or is named by one (``seconds`` at most)."""
+    deadline = time.monotonic() + seconds
+    for key, view in list(_hosted.items()):
+        if key not in _published:  # taken down by a later refit call: nobody is reading it
+            continue
+        while time.monotonic() < deadline and not _all_heard(view, deadline - time.monotonic()):
+            time.sleep(POLL)
+    _hosted.clear()
+
+
+def _all_heard(view: RefitGroup, seconds: float) -> bool:
+    """Whether every rank of ``view`` has a record on its board or is named by one (True when the
+    board cannot be read: there is nothing to wait for)."""
+    prefix = _prefix(view)
+
+    def read(store: Any) -> bool:
+        heard = set()
+        for r in view.ranks:
+            if store.check([prefix + str(r)]):
+                blamed = store.get(prefix + str(r)).decode().split("|", 1)[0]
+                heard |= {r, *(int(c) for c in blamed.split(",") if c)}
+        return heard >= set(view.ranks)
+
+    try:
+        return call(view.store(), read, max(seconds, 0.0), view.store_host())
+    except Exception:
+        return True
 
 
 def _prefix(view: RefitGroup) -> str:

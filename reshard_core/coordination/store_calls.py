@@ -8,6 +8,12 @@ instead of each waiting again (its helper thread stays blocked until the host an
 A store whose host exited answers every call at once with a network error: ``call`` raises
 ``StoreSilent`` for it too, naming the host.
 
+A helper still blocked when the process exits is released by ``release_blocked`` (at exit): were
+the host to die while the interpreter shuts down, the store's error thrown in that thread could no
+longer reach Python and would abort the process (``terminate called without an active exception``,
+exit -6) after the refit's error was handled. Releasing shuts the blocked connection down (Linux:
+the process's sockets to the store's address), so the call fails while Python still runs.
+
 Only failure and slow paths touch the store (the failure board, the marks of a slow wait, the
 store-based rounds of a ``TransferGroup``), so the helper thread costs nothing on a refit where
 nothing fails.
@@ -15,7 +21,9 @@ nothing fails.
 
 from __future__ import annotations
 
+import atexit
 import os
+import socket
 import threading
 import weakref
 from collections.abc import Callable
@@ -82,6 +90,7 @@ def call(store: Any, fn: Callable[[Any], T], seconds: float, host: StoreHost) ->
     helper.start()
     helper.join(max(seconds, 0.0))
     if not outcome:
+        _blocked[helper] = store
         text = f"the group's store (hosted by {host.name}) did not answer"
         _silent[store] = text
         raise StoreSilent(f"{text} within {seconds:.3g} s: {host.name} stalled or died")
@@ -94,3 +103,54 @@ def call(store: Any, fn: Callable[[Any], T], seconds: float, host: StoreHost) ->
         raise StoreSilent(f"{text}: {host.name} exited or its connection broke") from value
     raise value
 
+
+
+_blocked: weakref.WeakKeyDictionary[threading.Thread, Any] = weakref.WeakKeyDictionary()
+"""Helper threads left waiting on a silent store, with that store."""
+
+
+@atexit.register
+def release_blocked(seconds: float = 2.0) -> int:
+    """Make every store call still blocked on its helper thread fail now, and wait for those threads
+    (at most ``seconds`` in all); returns how many were blocked. Called at exit."""
+    waiting = [(t, store) for t, store in list(_blocked.items()) if t.is_alive()]
+    addresses = {a for _, store in waiting for a in _addresses(store)}
+    if addresses:
+        _shut_down_sockets_to(addresses)
+    for thread, _ in waiting:
+        thread.join(seconds / len(waiting))
+    return len(waiting)
+
+
+def _addresses(store: Any) -> set[int]:
+    """The ports of the TCP stores under ``store`` (through prefix stores)."""
+    ports = set()
+    while store is not None:
+        port = getattr(store, "port", None)
+        if isinstance(port, int):
+            ports.add(port)
+        store = getattr(store, "underlying_store", None)
+    return ports
+
+
+def _shut_down_sockets_to(ports: set[int]) -> None:
+    """Shut down this process's TCP connections to any of ``ports`` (Linux: found through
+    ``/proc/self/fd``); the calls blocked reading them then fail at once."""
+    try:
+        fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:
+        return
+    for fd in fds:
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            peer = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            if peer.type == socket.SOCK_STREAM and peer.getpeername()[1] in ports:
+                peer.shutdown(socket.SHUT_RDWR)
+        except (OSError, IndexError, TypeError):
+            pass
+        finally:
+            peer.close()

@@ -8,10 +8,15 @@ blocked past its first tick, it keeps the error and calls ``breaker()``, which m
 wait raise (for Gloo: a 1 ms wait on a pending request, whose timeout closes the pairs). The
 calling thread then raises the watcher's error instead of its own. Nothing crosses threads on a
 round that ends within its first tick but the registration itself.
+
+At exit the watcher is stopped and joined (``stop``, at most ``STOP_WAIT`` seconds): a breaker may
+still be inside its wait (a Gloo wait whose pair is busy returns when the peer closes it), and a
+thread that returns from native code while the interpreter shuts down aborts the process.
 """
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -34,9 +39,13 @@ class Watch:
     error: TransportError | None = None
 
 
+STOP_WAIT = 5.0
+"""Seconds at most the process waits at exit for the watcher to finish its look."""
+
 _watches: set[Watch] = set()
 _cv = threading.Condition()
 _thread: threading.Thread | None = None
+_stopping = False
 
 
 @contextmanager
@@ -58,11 +67,24 @@ def watching(board: failures.Board, breaker: Callable[[], None],
             _watches.discard(watch)
 
 
+@atexit.register
+def stop() -> None:
+    """End the watcher thread (it looks at nothing more) and wait for it, at most ``STOP_WAIT`` s."""
+    global _stopping
+    with _cv:
+        _stopping = True
+        _cv.notify_all()
+    if _thread is not None:
+        _thread.join(STOP_WAIT)
+
+
 def _run() -> None:
     while True:
         with _cv:
-            while not _watches:
+            while not _watches and not _stopping:
                 _cv.wait()
+            if _stopping:
+                return
             watches = list(_watches)
         now = time.monotonic()
         for watch in watches:

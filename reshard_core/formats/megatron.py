@@ -43,8 +43,9 @@ Megatron (``decoder.layers.L.`` → ``model.layers.L.``)   logical
 (multi-latent attention, learned softmax offsets, Qwen3-Next's delta-net and gated attention) are
 mapped in its file (``families/``). Settings with no mapping (LayerNorm, learned position
 embeddings, an output gate outside Qwen3-Next, off-by-one softmax, sparse attention, zero-centered
-norm weights outside Qwen3-Next unless ``norms_as_stored``) are refused by name before any data moves (``megatron_config.py``); docs/formats-audit.md lists every setting that changes
-weights and what is done with it. A parameter the table does not name is returned as unmapped,
+norm weights outside Qwen3-Next unless ``norms_as_stored``) are refused by name before any data
+moves (``megatron_config.py``); docs/formats-audit.md lists every setting that changes weights and
+what is done with it. A parameter the table does not name is returned as unmapped,
 which a refit reports as one error listing every name.
 
 The vocab: Megatron pads it (``make_vocab_size_divisible_by · TP``) and the model only knows the
