@@ -18,10 +18,12 @@ record naming that peer (``blame``), so ranks that only wait on the relaying ran
 that failed first, not their neighbour; a wait that breaks gives a relay ``RELAY_WAIT`` seconds to
 land before it raises its own error.
 
-A rank that hosts its group's store and published a failure waits at exit (``linger_at_exit``,
-at most ``LINGER`` seconds) until every peer either published a record of its own or is named by
-one: a peer still reading the board would otherwise find the store gone with its host, and name
-the host instead of the rank that failed first.
+At exit (``at_exit``), a rank that hosts its group's store and published a failure first waits (at
+most ``LINGER`` seconds) until every peer either published a record of its own or is named by one:
+a peer still reading the board would otherwise find the store gone with its host, and name the host
+instead of the rank that failed first. Then the watcher stops and every store call still running
+is released (``watcher``, ``store_calls``), so that no thread returns from native code while the
+interpreter shuts down (which aborts the process).
 
 Only failures write to the store, plus ``on_slow``: a wait still blocked after its first tick may
 mark itself (``bounded.wait`` does, so that at the deadline the ranks that never joined are told
@@ -44,7 +46,7 @@ from typing import Any
 from ..errors import ReshardError, TransportError
 from . import broken
 from .refit_group import RefitGroup, view_of
-from .store_calls import StoreSilent, call
+from .store_calls import StoreSilent, call, release_helpers
 
 POLL = 0.05
 """Seconds between two looks at the board while a wait blocks."""
@@ -65,6 +67,9 @@ saw the first failure closes its connections a moment before its record lands)."
 LINGER = 10.0
 """Seconds at most a store-hosting rank that published a failure waits at exit for its peers to
 learn of it."""
+
+STOP_WAIT = 5.0
+"""Seconds at most the process waits at exit for the watcher thread to end."""
 
 FIRST_TICK = 0.02
 """Seconds a wait blocks before it first looks at the board (most waits end sooner)."""
@@ -380,6 +385,17 @@ _hosted: dict[Hashable, RefitGroup] = {}
 
 
 @atexit.register
+def at_exit() -> None:
+    """The exit sequence: stay until peers learnt this rank's failures (store hosts), then end every
+    thread that may be inside native code (the watcher's, the store calls')."""
+    from . import watcher  # it imports this module
+
+    linger_at_exit()
+    watcher.stop()
+    release_helpers()
+    watcher.join(STOP_WAIT)
+
+
 def linger_at_exit(seconds: float = LINGER) -> None:
     """Keep this process (and the stores it hosts) until every peer of a group it published a failure
     on has learnt of it: each has a record of its own or is named by one (``seconds`` at most)."""

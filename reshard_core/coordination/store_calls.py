@@ -8,11 +8,12 @@ instead of each waiting again (its helper thread stays blocked until the host an
 A store whose host exited answers every call at once with a network error: ``call`` raises
 ``StoreSilent`` for it too, naming the host.
 
-A helper still blocked when the process exits is released by ``release_blocked`` (at exit): were
-the host to die while the interpreter shuts down, the store's error thrown in that thread could no
-longer reach Python and would abort the process (``terminate called without an active exception``,
-exit -6) after the refit's error was handled. Releasing shuts the blocked connection down (Linux:
-the process's sockets to the store's address), so the call fails while Python still runs.
+A helper still running when the process exits is released by ``release_helpers`` (called by
+``failures``' exit sequence): were the host to die while the interpreter shuts down, the store's
+error thrown in that thread could no longer reach Python and would abort the process (``terminate
+called without an active exception``, exit -6) after the refit's error was handled. Releasing shuts
+the helpers' connections down (Linux: the process's sockets to the store's address), so their calls
+fail while Python still runs.
 
 Only failure and slow paths touch the store (the failure board, the marks of a slow wait, the
 store-based rounds of a ``TransferGroup``), so the helper thread costs nothing on a refit where
@@ -21,7 +22,6 @@ nothing fails.
 
 from __future__ import annotations
 
-import atexit
 import os
 import socket
 import threading
@@ -87,10 +87,10 @@ def call(store: Any, fn: Callable[[Any], T], seconds: float, host: StoreHost) ->
             outcome.append((False, exc))
 
     helper = threading.Thread(target=run, name="reshard-store", daemon=True)
+    _helpers[helper] = store
     helper.start()
     helper.join(max(seconds, 0.0))
     if not outcome:
-        _blocked[helper] = store
         text = f"the group's store (hosted by {host.name}) did not answer"
         _silent[store] = text
         raise StoreSilent(f"{text} within {seconds:.3g} s: {host.name} stalled or died")
@@ -105,21 +105,21 @@ def call(store: Any, fn: Callable[[Any], T], seconds: float, host: StoreHost) ->
 
 
 
-_blocked: weakref.WeakKeyDictionary[threading.Thread, Any] = weakref.WeakKeyDictionary()
-"""Helper threads left waiting on a silent store, with that store."""
+_helpers: weakref.WeakKeyDictionary[threading.Thread, Any] = weakref.WeakKeyDictionary()
+"""Every helper thread started, with the store it calls (gone with the thread)."""
 
 
-@atexit.register
-def release_blocked(seconds: float = 2.0) -> int:
-    """Make every store call still blocked on its helper thread fail now, and wait for those threads
-    (at most ``seconds`` in all); returns how many were blocked. Called at exit."""
-    waiting = [(t, store) for t, store in list(_blocked.items()) if t.is_alive()]
-    addresses = {a for _, store in waiting for a in _addresses(store)}
-    if addresses:
-        _shut_down_sockets_to(addresses)
-    for thread, _ in waiting:
-        thread.join(seconds / len(waiting))
-    return len(waiting)
+def release_helpers(seconds: float = 2.0) -> int:
+    """Make every store call still running on a helper thread fail now (its host stalled, or it is
+    slow) and wait for those threads, at most ``seconds`` in all; returns how many ran. For exit:
+    it breaks this process's connections to those stores."""
+    running = [(t, store) for t, store in list(_helpers.items()) if t.is_alive()]
+    ports = {port for _, store in running for port in _addresses(store)}
+    if ports:
+        _shut_down_sockets_to(ports)
+    for thread, _ in running:
+        thread.join(seconds / len(running))
+    return len(running)
 
 
 def _addresses(store: Any) -> set[int]:

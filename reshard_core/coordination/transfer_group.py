@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import TransportError, first_line
-from .store_calls import call, host_of
+from .store_calls import StoreHost, call, host_of
 
 _BACKENDS = ("gloo", "nccl")
 T = TypeVar("T")
@@ -170,10 +170,13 @@ class TransferGroup:
         self._gathers[tag] = serial = self._gathers.get(tag, 0) + 1
         prefix = f"reshard/transfer/gather/{tag}/{serial}/"
         keys = [prefix + str(r) for r in ranks]
-        try:
-            self.store.set(prefix + str(self.rank), text.encode())
-            self.store.wait(keys, datetime.timedelta(seconds=self.timeout))
-            return [self.store.get(k).decode() for k in keys]
+        def gather(store: Any) -> list[str]:
+            store.set(prefix + str(self.rank), text.encode())
+            store.wait(keys, datetime.timedelta(seconds=self.timeout))
+            return [store.get(k).decode() for k in keys]
+
+        try:  # bounded: a store wait whose host is stalled never returns (its cancel waits for an answer)
+            return self.ask_store(gather, self.timeout + ASK_S)
         except Exception as exc:
             absent = _unset(self, keys)
             if absent is None:
@@ -262,12 +265,14 @@ class _Refused(TransportError):
 def _agree_size(store: Any, rank: int, size: int | None, address: str, timeout: float) -> int:
     """The group size: published by the first rank that knows it, read by every other (or the
     reason another side published with ``TransferGroup.refuse`` instead)."""
-    try:
+    def read(store: Any) -> str:
         if size is not None:
-            published = store.compare_set(_SIZE_KEY, "", str(size)).decode()
-        else:
-            store.wait([_SIZE_KEY])
-            published = store.get(_SIZE_KEY).decode()
+            return store.compare_set(_SIZE_KEY, "", str(size)).decode()
+        store.wait([_SIZE_KEY])
+        return store.get(_SIZE_KEY).decode()
+
+    try:
+        published = call(store, read, timeout + ASK_S, StoreHost("rank 0", "join a new transfer group"))
     except Exception as exc:
         raise TransportError(
             f"transfer group rank {rank} at {address}: no rank published the group size within "

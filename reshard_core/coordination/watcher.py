@@ -9,14 +9,14 @@ wait raise (for Gloo: a 1 ms wait on a pending request, whose timeout closes the
 calling thread then raises the watcher's error instead of its own. Nothing crosses threads on a
 round that ends within its first tick but the registration itself.
 
-At exit the watcher is stopped and joined (``stop``, at most ``STOP_WAIT`` seconds): a breaker may
-still be inside its wait (a Gloo wait whose pair is busy returns when the peer closes it), and a
-thread that returns from native code while the interpreter shuts down aborts the process.
+At exit the watcher is stopped and joined (``stop``, then ``join``, from ``failures``' exit
+sequence): a breaker may still be inside its wait (a Gloo wait whose pair is busy returns when the
+peer closes it), and a thread that returns from native code while the interpreter shuts down aborts
+the process.
 """
 
 from __future__ import annotations
 
-import atexit
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -38,9 +38,6 @@ class Watch:
     slow: bool = False
     error: TransportError | None = None
 
-
-STOP_WAIT = 5.0
-"""Seconds at most the process waits at exit for the watcher to finish its look."""
 
 _watches: set[Watch] = set()
 _cv = threading.Condition()
@@ -67,15 +64,18 @@ def watching(board: failures.Board, breaker: Callable[[], None],
             _watches.discard(watch)
 
 
-@atexit.register
 def stop() -> None:
-    """End the watcher thread (it looks at nothing more) and wait for it, at most ``STOP_WAIT`` s."""
+    """The watcher looks at nothing more, and its thread ends after its current look."""
     global _stopping
     with _cv:
         _stopping = True
         _cv.notify_all()
+
+
+def join(seconds: float) -> None:
+    """Wait for the watcher thread to end (after ``stop``), at most ``seconds``."""
     if _thread is not None:
-        _thread.join(STOP_WAIT)
+        _thread.join(seconds)
 
 
 def _run() -> None:

@@ -75,3 +75,40 @@ def test_the_transfer_groups_store_host_stalled_or_dead_is_named_by_both_jobs_in
         assert again.startswith(broken), (rank, again)
         assert again.endswith("close the transfer group and join a new one"), (rank, again)
         assert again_seconds < 1.0, (rank, again_seconds)
+
+
+def _gather(rank: int, world: int, port: int, trainer: bool) -> None:
+    import os
+    import signal
+
+    from reshard_core import TransferGroup
+    from reshard_core.testing.world import emit
+
+    me = rank if trainer else 2 + rank
+    job = range(0, 2) if trainer else range(2, 4)
+    group = TransferGroup.join("127.0.0.1", port, rank=me, size=4, job_ranks=job, timeout=TIMEOUT)
+    assert group.gather_text(f"r{me}") == ["r0", "r1", "r2", "r3"]
+    group.store.add("read", 1)
+    if me == 0:
+        while group.store.add("read", 0) < 4:  # every rank read the first gather from this store
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    emit("outcome", (me, *timed(lambda: group.gather_text("second", what="verdict"))))
+    time.sleep(60)
+
+
+def test_a_gather_through_a_stalled_store_host_ends_within_its_timeout() -> None:
+    """A TCPStore ``wait`` whose host is stopped never returns (its cancel waits for an answer): the
+    trainer's verdict round (``gather_text``) hung for the job's whole process-group timeout."""
+    outcomes: dict[int, tuple] = {}
+    port = free_port()
+    with pytest.raises(WorldStopped):
+        run_jobs((_gather, 2, (port, True)), (_gather, 2, (port, False)), timeout=120,
+                 on_event=lambda r, k, d: outcomes.__setitem__(d[0], d[1:]),
+                 watchdog=lambda: "reported" if len(outcomes) == 3 else None)  # fmt: skip
+    assert sorted(outcomes) == [1, 2, 3], outcomes
+    for rank, (seconds, text) in outcomes.items():
+        assert text.startswith("TransportError: transfer group rank "), (rank, text)
+        assert "verdict: the group's store at " in text, text
+        assert "rank 0, its host, exited or stalled" in text, text
+        assert seconds < TIMEOUT + 2.0 + SLACK, (rank, seconds, text)
