@@ -19,6 +19,7 @@ beyond the hook that stops or kills it.
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import json
 import os
 import random
@@ -287,6 +288,8 @@ def _peer_gone(text: str) -> bool:
 
 
 def main(argv: list[str]) -> None:
+    faulthandler.enable(all_threads=True)  # a crash says where each thread was
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the soak asks a hung rank where it hangs
     role, rank, world, port = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     random.seed(rank)
