@@ -61,7 +61,8 @@ MALFORMED = (
     ("/init_weight_transfer_engine", b'{"init_info": {"bogus_field": 1}}'),
     ("/update_weights", b"not json at all"),
     ("/finish_weight_update", b'{"weight_version": {"nested": [1, 2]}}'),
-    ("/start_weight_update", b"\xff\xfe\x00garbage"),
+    ("/init_weight_transfer_engine", b'{"init_info": {"master_address": "127.0.0.1", "master_port": "x", '
+     b'"trainer_world_size": 2}}'),
 )  # fmt: skip
 """Calls a confused or hostile client sends: each must be refused, and change nothing."""
 

@@ -99,8 +99,13 @@ class TransferGroup:
         address = f"{host}:{port}"
         hosting = rank == 0 if host_store is None else bool(host_store)
         wait = datetime.timedelta(seconds=timeout)
-        try:
-            store = dist.TCPStore(host, int(port), None, hosting, timeout=wait, wait_for_workers=False)
+        rendezvous = StoreHost("rank 0", "join a new transfer group")
+
+        def connect(_: Any) -> Any:
+            return dist.TCPStore(host, int(port), None, hosting, timeout=wait, wait_for_workers=False)
+
+        try:  # bounded: a client whose host is stopped waits for its handshake for good
+            store = call(_Address(int(port)), connect, timeout + ASK_S, rendezvous)
         except Exception as exc:
             role = "host" if hosting else "reach"
             raise TransportError(
@@ -260,6 +265,13 @@ class _Refused(TransportError):
     def __init__(self, message: str, refusal: str) -> None:
         super().__init__(message)
         self.refusal = refusal
+
+
+class _Address:
+    """A store not yet reached: its port (what ``store_calls`` releases at exit)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
 
 
 def _agree_size(store: Any, rank: int, size: int | None, address: str, timeout: float) -> int:

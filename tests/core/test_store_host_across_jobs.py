@@ -112,3 +112,46 @@ def test_a_gather_through_a_stalled_store_host_ends_within_its_timeout() -> None
         assert "verdict: the group's store at " in text, text
         assert "rank 0, its host, exited or stalled" in text, text
         assert seconds < TIMEOUT + 2.0 + SLACK, (rank, seconds, text)
+
+
+def _host_then_stop(rank: int, world: int, port: int, flag: str) -> None:
+    import os
+    import signal
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", port, None, True, wait_for_workers=False)  # as rank 0's join does
+    Path(flag).touch()
+    os.kill(os.getpid(), signal.SIGSTOP)
+    del store
+
+
+def _join_late(rank: int, world: int, port: int, flag: str) -> None:
+    from pathlib import Path
+
+    from reshard_core import TransferGroup
+    from reshard_core.testing.world import emit
+
+    while not Path(flag).exists():
+        time.sleep(0.05)
+    time.sleep(0.2)  # the host is stopped by now
+    emit("outcome", timed(lambda: TransferGroup.join("127.0.0.1", port, rank=1, size=2, job_ranks=range(1, 2),
+                                                     timeout=TIMEOUT)))  # fmt: skip
+    time.sleep(60)
+
+
+def test_joining_a_group_whose_store_host_is_stopped_ends_within_its_timeout(tmp_path) -> None:
+    """A TCPStore client waits for its handshake with a stopped host for good: a trainer whose
+    rank 0 stalled in ``trainer_init`` left its other ranks stuck in ``TransferGroup.join``."""
+    seen: list[tuple] = []
+    port, flag = free_port(), str(tmp_path / "stopped")
+    with pytest.raises(WorldStopped):
+        run_jobs((_host_then_stop, 1, (port, flag)), (_join_late, 1, (port, flag)), timeout=120,
+                 on_event=lambda r, k, d: seen.append(d),
+                 watchdog=lambda: "reported" if seen else None)  # fmt: skip
+    [(seconds, text)] = seen
+    assert text.startswith(f"TransportError: transfer group rank 1: could not reach the rendezvous store at "
+                           f"127.0.0.1:{port} within 3 s: "), text  # fmt: skip
+    assert text.endswith("rank 0 stalled or died"), text
+    assert seconds < TIMEOUT + 2.0 + SLACK, (seconds, text)
