@@ -40,6 +40,7 @@ import json
 import os
 import queue
 import random
+import signal
 import sys
 import time
 from collections import Counter
@@ -495,6 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     parts = tuple(args.parts)
     opts = Options(args.seed, args.updates, args.faults, args.kind, args.minutes, parts, args.only)
     start = time.monotonic()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a soak ended from outside stops its server
     if "cross-job" in opts.parts:
         with served(opts.kind) as server:
             tally, leaks, slope = run(opts, server.url, server.model_dir, server.pids, atol(opts.kind))
