@@ -384,16 +384,26 @@ _hosted: dict[Hashable, RefitGroup] = {}
 """The groups whose store this process hosts and on whose board it published a failure."""
 
 
+_threads_to_end: list[tuple[Callable[[], None], Callable[[float], None]]] = []
+"""``(stop, join)`` of the threads that read the board (``watcher`` registers its own)."""
+
+
+def end_at_exit(stop: Callable[[], None], join: Callable[[float], None]) -> None:
+    """Have the exit sequence stop a thread that reads the board, and wait for it (once each)."""
+    if (stop, join) not in _threads_to_end:
+        _threads_to_end.append((stop, join))
+
+
 @atexit.register
 def at_exit() -> None:
     """The exit sequence: stay until peers learnt this rank's failures (store hosts), then end every
     thread that may be inside native code (the watcher's, the store calls')."""
-    from . import watcher  # it imports this module
-
     linger_at_exit()
-    watcher.stop()
+    for stop, _ in _threads_to_end:
+        stop()
     release_helpers()
-    watcher.join(STOP_WAIT)
+    for _, join in _threads_to_end:
+        join(STOP_WAIT)
 
 
 def linger_at_exit(seconds: float = LINGER) -> None:

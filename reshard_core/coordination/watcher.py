@@ -55,6 +55,7 @@ def watching(board: failures.Board, breaker: Callable[[], None],
         if _thread is None or not _thread.is_alive():
             _thread = threading.Thread(target=_run, name="reshard-board", daemon=True)
             _thread.start()
+            failures.end_at_exit(stop, join)
         _watches.add(watch)
         _cv.notify()
     try:
