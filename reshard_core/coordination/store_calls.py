@@ -104,7 +104,6 @@ def call(store: Any, fn: Callable[[Any], T], seconds: float, host: StoreHost) ->
     raise value
 
 
-
 _helpers: weakref.WeakKeyDictionary[threading.Thread, Any] = weakref.WeakKeyDictionary()
 """Every helper thread started, with the store it calls (gone with the thread)."""
 
